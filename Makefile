@@ -1,0 +1,10 @@
+# The two commands of the README: `make demo` and `make test` (each sets itself up).
+.PHONY: setup demo test test-fast
+setup:
+	@bash scripts/setup.sh
+demo: setup
+	@.venv/bin/traffic demo
+test: setup
+	@bash scripts/test.sh
+test-fast: setup
+	@bash scripts/test.sh -m "not slow"

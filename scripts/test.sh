@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the whole test suite (slow tests included). Installs the system tools the tests use
+# (tshark) with apt-get when missing and this user may; pytest's own arguments pass through.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+need=()
+command -v tshark >/dev/null 2>&1 || need+=(tshark)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing ${need[*]} (apt-get)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "warning: ${need[*]} missing and cannot be installed here (need root and apt-get); tests that use it will fail" >&2
+  fi
+fi
+export GX_ANALYTICS_ENABLED=false
+export TZ=UTC
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,258 @@
+"""``traffic`` — the command line: ingest, close, run, status, show, demo.
+
+Errors a person can fix print one line and exit 2; a failed check exits 3; anything
+unexpected prints one line (and the details with ``--debug``) and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from traffic import __version__
+
+UTC = timezone.utc
+EXIT_USER, EXIT_CHECK, EXIT_BUG = 2, 3, 1
+
+_SETTING_OPTIONS = {
+    "warehouse": "warehouse root (default ./warehouse)",
+    "inbox": "inbox directory (default ./inbox)",
+    "keep_hours": "hours of raw detail to keep after freezing (default 24)",
+    "allowed_lateness": "seconds the watermark trails the source clocks (default 0)",
+    "source_timeout": "seconds after which a quiet source stops holding the watermark (default 3600)",
+    "local_networks": "comma-separated CIDRs of the local side (captures)",
+    "expected_sources": "comma-separated sources expected every 5 minutes (completeness)",
+    "engine": "Delta engine: auto, rs or spark",
+    "spark_master": "Spark master (default local[2])",
+}
+
+
+def _settings(args):
+    from traffic.settings import load_settings
+
+    overrides = {name: getattr(args, name, None) for name in _SETTING_OPTIONS}
+    for item in getattr(args, "set", None) or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            from traffic.settings import SettingsError
+
+            raise SettingsError(f"--set {item!r}: expected name=value")
+        overrides[name.strip().replace("-", "_")] = value
+    return load_settings(args.config, overrides=overrides)
+
+
+class SparkHolder:
+    """Starts Spark on first use only (so 'nothing to do' never pays for a JVM), then reuses it."""
+
+    def __init__(self, settings, app_name: str, spark=None):
+        self.settings = settings
+        self.app_name = app_name
+        self.spark = spark
+        self.started_in = 0.0
+
+    def __call__(self):
+        if self.spark is None:
+            from traffic.spark import build_spark
+
+            clock = time.perf_counter()
+            print("starting Spark …", file=sys.stderr, flush=True)
+            self.spark = build_spark(self.settings, self.app_name)
+            self.started_in = time.perf_counter() - clock
+        return self.spark
+
+    def stop(self):
+        if self.spark is not None:
+            self.spark.stop()
+            self.spark = None
+
+
+def _progress(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def _fmt_ts(value) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def _human_bytes(value: int) -> str:
+    size = float(value or 0)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(size) < 1000 or unit == "TB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.2f} {unit}"
+        size /= 1000
+    return str(value)
+
+
+def print_batch(result) -> None:
+    if result.nothing_to_do:
+        print("ingest: nothing new in the inbox")
+        return
+    print(f"ingest: batch {result.batch_id}{' (resumed)' if result.resumed else ''}: "
+          f"{result.records_read:,} records from {result.files} file(s) → "
+          f"{result.packets_on_time:,} on time ({_human_bytes(result.bytes_on_time)}), "
+          f"{result.packets_late:,} late ({_human_bytes(result.bytes_late)}), "
+          f"{result.records_rejected:,} rejected, {result.ticks:,} ticks"
+          + (f", {result.duplicate_files} duplicate file(s) ignored" if result.duplicate_files else ""))
+    print(f"        watermark {_fmt_ts(result.watermark_before)} → {_fmt_ts(result.watermark_after)}")
+
+
+def print_close(result) -> None:
+    if not (result.hours_frozen or result.days_rolled or result.months_rolled or result.expired_hours):
+        print(f"close: nothing to close (watermark {_fmt_ts(result.watermark)})")
+        return
+    parts = [f"{len(result.hours_frozen)} hour(s) frozen"]
+    if result.days_rolled:
+        parts.append("day(s) rolled up: " + ", ".join(d.isoformat() for d in result.days_rolled))
+    if result.months_rolled:
+        parts.append("month(s) rolled up: " + ", ".join(f"{m:%Y-%m}" for m in result.months_rolled))
+    if result.expired_hours:
+        parts.append(f"raw detail of {result.expired_hours} hour(s) expired")
+    print("close: " + "; ".join(parts))
+    for failure in result.failed:
+        print(f"close: FAILED {failure}")
+
+
+def cmd_ingest(args, settings, spark) -> int:
+    from traffic.ingest import ingest
+
+    print_batch(ingest(settings, spark, _progress))
+    return 0
+
+
+def _until(args):
+    if not getattr(args, "until", None):
+        return None
+    from traffic.settings import _parse_now
+
+    return _parse_now("--until", args.until)
+
+
+def cmd_close(args, settings, spark) -> int:
+    from traffic.close import close
+
+    result = close(settings, spark, _until(args), _progress)
+    print_close(result)
+    return EXIT_CHECK if result.failed else 0
+
+
+def cmd_run(args, settings, spark) -> int:
+    from traffic.close import close
+    from traffic.ingest import ingest
+
+    print_batch(ingest(settings, spark, _progress))
+    result = close(settings, spark, _until(args), _progress)
+    print_close(result)
+    return EXIT_CHECK if result.failed else 0
+
+
+def cmd_status(args, settings, spark) -> int:
+    from traffic.report import status
+
+    info = status(settings)
+    if args.json:
+        print(json.dumps(info, indent=1, default=str))
+        return 0
+    print(f"warehouse   {settings.warehouse}")
+    print(f"watermark   {_fmt_ts(info['watermark'])}")
+    print(f"first hour  {_fmt_ts(info['first_hour'])}")
+    for source, clock in sorted(info["clocks"].items()):
+        live = "live" if source in info["live_sources"] else "stalled"
+        print(f"  source {source:<16} clock {_fmt_ts(clock)}  ({live})")
+    print(f"open hours  {', '.join(info['open_hours']) or '-'}")
+    for grain in ("hour", "day", "month"):
+        print(f"last closed {grain:<5} {info['last_closed'].get(grain) or '-'}")
+    if info["pending_batch"]:
+        print(f"pending     batch {info['pending_batch']} was interrupted; the next ingest or close finishes it")
+    print("tables      " + ", ".join(f"{t} v{v}" for t, v in info["versions"].items()))
+    return 0
+
+
+def cmd_show(args, settings, spark) -> int:
+    from traffic.report import show
+
+    print(show(settings, args.what, args.__dict__.get("from"), args.to, args.top))
+    return 0
+
+
+def cmd_demo(args, settings, spark) -> int:
+    from traffic.demo import run_demo
+
+    return run_demo(settings, spark, Path(args.dir), progress=_progress)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="traffic", description="Traffic accounting lakehouse.")
+    parser.add_argument("--version", action="version", version=f"traffic {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="TOML config file (or TRAFFIC_CONFIG)")
+    for name, text in _SETTING_OPTIONS.items():
+        common.add_argument(f"--{name.replace('_', '-')}", dest=name, help=text)
+    common.add_argument("--set", action="append", metavar="NAME=VALUE", help="any other setting (repeatable)")
+    common.add_argument("--debug", action="store_true", help="show full tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("ingest", parents=[common], help="ingest what is new in the inbox (one micro-batch)")
+    close = sub.add_parser("close", parents=[common], help="freeze closed hours, roll up days/months, expire")
+    close.add_argument("--until", help="stop at this hour (ISO time): freeze hours ending by then")
+    run = sub.add_parser("run", parents=[common], help="ingest then close: one tick")
+    run.add_argument("--until", help="as for close")
+    status = sub.add_parser("status", parents=[common], help="watermark, clocks, open hours, last closed periods")
+    status.add_argument("--json", action="store_true")
+    show = sub.add_parser("show", parents=[common], help="print a table")
+    show.add_argument("what", choices=["hourly", "daily", "monthly", "periods", "late", "rejects", "batches"])
+    show.add_argument("--from", help="first period (ISO date or time)")
+    show.add_argument("--to", help="end of the range, exclusive (ISO date or time)")
+    show.add_argument("--top", type=int, default=20, help="rows to print (largest by bytes first)")
+    demo = sub.add_parser("demo", parents=[common], help="generate sample traffic and run the whole pipeline on it")
+    demo.add_argument("--dir", default="demo", help="folder for the demo's inbox and warehouse (default ./demo)")
+    return parser
+
+
+COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": cmd_status,
+            "show": cmd_show, "demo": cmd_demo}
+
+
+def main(argv: list[str] | None = None, spark=None) -> int:
+    """Entry point of the console script (and of ``jobs/*.py`` with their own session)."""
+    from traffic.close import CheckFailed
+    from traffic.delta import StorageError
+    from traffic.inbox import InboxError, LockTimeout
+    from traffic.settings import SettingsError
+
+    args = build_parser().parse_args(argv)
+    holder = None
+    try:
+        settings = _settings(args)
+        if args.command == "demo":
+            base = Path(args.dir).absolute()
+            settings = settings.replace(warehouse=base / "warehouse", inbox=base / "inbox")
+        holder = SparkHolder(settings, f"traffic-{args.command}", spark)
+        return COMMANDS[args.command](args, settings, holder)
+    except (SettingsError, InboxError, LockTimeout, StorageError) as error:
+        print(f"traffic {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USER
+    except CheckFailed as error:
+        print(f"traffic {args.command}: check failed: {error}", file=sys.stderr)
+        return EXIT_CHECK
+    except KeyboardInterrupt:
+        print(f"traffic {args.command}: interrupted (an interrupted batch is finished by the next run)",
+              file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the last line of defence: one line, not a JVM trace
+        if getattr(args, "debug", False):
+            raise
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"traffic {args.command}: failed: {type(error).__name__}: {first[:500]} (rerun with --debug)",
+              file=sys.stderr)
+        return EXIT_BUG
+    finally:
+        if holder is not None and spark is None:
+            holder.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

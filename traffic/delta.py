@@ -1,0 +1,572 @@
+"""The Delta layer: the only code that knows where tables live and how they are written.
+
+Two engines write standard Delta tables:
+
+* ``rs`` — Spark (or Arrow, for small driver-side tables) writes parquet files into a fresh
+  folder under the table root, then ``deltalake`` (delta-rs) commits them to the log. Works
+  offline; this is what CI runs.
+* ``spark`` — delta-spark (``DeltaTable``, ``replaceWhere``, ``txnAppId``/``txnVersion``),
+  used where Delta Lake's jars are on Spark's classpath (the compose stack's image).
+
+Tables are created with pinned protocol versions (reader 1, writer 2) and no optional
+features, and are not Delta-partitioned: instead every data file holds the rows of one
+*cluster key* (an hour, a day or a month of the table's cluster column, see
+``traffic.schemas``), recorded in its path (``…/k=<key>/…``) and min/max stats. That gives
+atomic partition replacement and expiry (remove exactly the files of those keys in one
+commit) and pruning, while every Delta reader sees ordinary columns.
+
+Every write goes through named steps — ``<table>.<op>.files_written`` then
+``<table>.<op>.committed`` — and ``Warehouse.step`` is the fault-injection hook the crash
+tests use to SIGKILL the process at any of them (``TRAFFIC_FAULT_AT``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from traffic import schemas
+from traffic.settings import Settings
+
+PROTOCOL = (1, 2)
+TABLE_CONFIGURATION = {
+    "delta.checkpointInterval": "50",
+    "delta.logRetentionDuration": "interval 7 days",
+    "delta.deletedFileRetentionDuration": "interval 1 days",
+}
+_KEY_SEGMENT = re.compile(r"(?:^|/)k=([^/]+)/")
+_NULL_KEY = "__HIVE_DEFAULT_PARTITION__"
+_KEY_FORMATS = {"hour": "%Y-%m-%dT%H", "day": "%Y-%m-%d", "month": "%Y-%m"}
+_SPARK_KEY_FORMATS = {"hour": "yyyy-MM-dd'T'HH", "day": "yyyy-MM-dd", "month": "yyyy-MM"}
+
+
+class StorageError(RuntimeError):
+    """A table cannot be read or written as asked; the message says which and why."""
+
+
+def cluster_key(value: datetime | date | None, grain: str) -> str | None:
+    """The file key of one cluster-column value: ``2026-11-01T10``, ``2026-11-01`` or ``2026-11``."""
+    if value is None:
+        return None
+    return value.strftime(_KEY_FORMATS[grain])
+
+
+def choose_engine(settings: Settings) -> str:
+    """``rs`` or ``spark``: ``auto`` picks ``spark`` only when a Delta jar directory is configured."""
+    if settings.engine != "auto":
+        return settings.engine
+    jars = settings.spark_jars_dir
+    if jars and jars.is_dir() and any(p.name.startswith(("delta-spark", "delta-core")) for p in jars.glob("*.jar")):
+        return "spark"
+    return "rs"
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One data file of a table's current snapshot."""
+
+    path: str  # relative to the table root
+    size: int
+    key: str | None
+    rows: int | None
+
+
+class FaultInjector:
+    """Kills the process (SIGKILL) when a named step is reached: ``name`` or ``name#n`` (n-th time)."""
+
+    def __init__(self, spec: str | None):
+        self.name, _, nth = (spec or "").partition("#")
+        self.nth = int(nth) if nth else 1
+        self.seen = 0
+        self.steps: list[str] = []
+
+    def reached(self, step: str) -> None:
+        self.steps.append(step)
+        if step == self.name:
+            self.seen += 1
+            if self.seen == self.nth:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Warehouse:
+    """All tables under one root, written by one engine."""
+
+    def __init__(self, settings: Settings, spark=None, engine: str | None = None):
+        self.settings = settings
+        self.root = Path(settings.warehouse)
+        self.spark = spark
+        self.engine = engine or choose_engine(settings)
+        self.faults = FaultInjector(settings.fault_at)
+        if self.engine == "spark" and spark is None:
+            raise StorageError("the spark engine needs a SparkSession")
+
+    def step(self, name: str) -> None:
+        """A named point of a write (the crash tests' kill points)."""
+        self.faults.reached(name)
+
+    def table(self, name: str) -> "Table":
+        if name not in schemas.TABLES:
+            raise StorageError(f"unknown table {name!r}")
+        cls = SparkDeltaTable if self.engine == "spark" else RsTable
+        return cls(self, name)
+
+    def state_dir(self) -> Path:
+        """Where the pipeline keeps its journal and lock (not a table)."""
+        path = self.root / "_traffic"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def exists(self) -> bool:
+        return (self.root / "clocks" / "_delta_log").is_dir()
+
+    def create_all(self) -> None:
+        """Create every table that does not exist yet (idempotent)."""
+        for name in schemas.TABLES:
+            self.table(name).create()
+
+
+class Table:
+    """Operations every engine offers on one table."""
+
+    def __init__(self, warehouse: Warehouse, name: str):
+        self.warehouse = warehouse
+        self.name = name
+        self.path = warehouse.root / name
+        self.cluster = schemas.cluster(name)
+        self.arrow_schema = schemas.arrow_schema(name)
+
+    # -- keys ---------------------------------------------------------------------------
+    def key_of(self, value) -> str | None:
+        return cluster_key(value, self.cluster.grain) if self.cluster else None
+
+    def _check_keys(self, keys: Iterable[str | None]) -> list[str | None]:
+        keys = list(keys)
+        if keys and not self.cluster:
+            raise StorageError(f"table {self.name} has no cluster key to replace or delete by")
+        return keys
+
+
+class RsTable(Table):
+    """Spark/Arrow writes parquet, delta-rs commits it."""
+
+    # -- snapshot ---------------------------------------------------------------------
+    def _delta(self):
+        from deltalake import DeltaTable
+
+        try:
+            return DeltaTable(str(self.path))
+        except Exception as error:  # noqa: BLE001 - delta-rs raises several kinds here
+            if not (self.path / "_delta_log").is_dir():
+                raise StorageError(
+                    f"table {self.name} does not exist under {self.warehouse.root} (run `traffic ingest` first)"
+                ) from None
+            raise StorageError(f"table {self.name} cannot be opened: {error}") from None
+
+    def exists(self) -> bool:
+        return (self.path / "_delta_log").is_dir()
+
+    def create(self) -> None:
+        """Create the table from its schema with pinned protocol and no optional features."""
+        if self.exists():
+            self._check_protocol(self._delta())
+            return
+        from deltalake import DeltaTable, Schema
+
+        DeltaTable.create(
+            str(self.path),
+            schema=Schema.from_arrow(self.arrow_schema),
+            mode="ignore",
+            name=self.name,
+            configuration=TABLE_CONFIGURATION,
+        )
+        self._check_protocol(self._delta())
+
+    def _check_protocol(self, dt) -> None:
+        protocol = dt.protocol()
+        features = set(protocol.reader_features or []) | set(protocol.writer_features or [])
+        if (protocol.min_reader_version, protocol.min_writer_version) > PROTOCOL and features - {"appendOnly", "invariants"}:
+            raise StorageError(
+                f"table {self.name} needs Delta features {sorted(features)} (protocol "
+                f"{protocol.min_reader_version}/{protocol.min_writer_version}); the rs engine supports "
+                f"protocol {PROTOCOL[0]}/{PROTOCOL[1]} without optional features"
+            )
+        if protocol.min_reader_version > 3 or protocol.min_writer_version > 7:
+            raise StorageError(f"table {self.name} uses an unsupported Delta protocol")
+
+    def version(self) -> int:
+        return self._delta().version()
+
+    def txn_version(self, app_id: str) -> int | None:
+        """The last version committed by ``app_id`` (an idempotent writer), or None."""
+        return self._delta().transaction_version(app_id)
+
+    def files(self, keys: Iterable[str | None] | None = None, key_min: str | None = None,
+              key_max: str | None = None, dt=None) -> list[DataFile]:
+        """Data files of the current snapshot, pruned to cluster keys (``key_min <= key < key_max``)."""
+        dt = dt or self._delta()
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        paths = actions.column("path").to_pylist()
+        sizes = actions.column("size_bytes").to_pylist()
+        rows = actions.column("num_records").to_pylist() if "num_records" in actions.column_names else [None] * len(paths)
+        wanted = set(keys) if keys is not None else None
+        result = []
+        for path, size, count in zip(paths, sizes, rows):
+            match = _KEY_SEGMENT.search(path)
+            key = match.group(1) if match else None
+            key = None if key == _NULL_KEY else key
+            if wanted is not None and key not in wanted:
+                continue
+            if key_min is not None and (key is None or key < key_min):
+                continue
+            if key_max is not None and (key is None or key >= key_max):
+                continue
+            result.append(DataFile(path, size, key, count))
+        return result
+
+    def keys(self) -> list[str]:
+        """Distinct cluster keys present (sorted)."""
+        return sorted({f.key for f in self.files() if f.key is not None})
+
+    # -- reads --------------------------------------------------------------------------
+    def read_arrow(self, keys=None, key_min=None, key_max=None, columns=None, filter=None) -> pa.Table:
+        """Read without Spark (driver-side, for small tables and checks)."""
+        files = self.files(keys, key_min, key_max)
+        if not files:
+            table = self.arrow_schema.empty_table()
+            return table.select(columns) if columns else table
+        dataset = pads.dataset([str(self.path / f.path) for f in files], schema=self.arrow_schema, format="parquet")
+        return dataset.to_table(columns=columns, filter=filter)
+
+    def read(self, keys=None, key_min=None, key_max=None):
+        """A Spark DataFrame of the table (pruned to keys); an empty table reads as empty."""
+        spark = self.warehouse.spark
+        if spark is None:
+            raise StorageError("reading with Spark needs a SparkSession")
+        files = self.files(keys, key_min, key_max)
+        schema = schemas.spark_schema(self.name)
+        if not files:
+            return spark.createDataFrame([], schema)
+        return spark.read.schema(schema).parquet(*[str(self.path / f.path) for f in files])
+
+    # -- writes -------------------------------------------------------------------------
+    def append(self, data, txn: tuple[str, int] | None = None, op: str = "append") -> bool:
+        """Append rows; with ``txn=(app_id, version)`` a version already committed is skipped."""
+        return self._commit(data, remove_keys=None, txn=txn, op=op)
+
+    def replace(self, data, keys: Iterable[str | None], txn: tuple[str, int] | None = None,
+                op: str = "replace") -> bool:
+        """Atomically replace the files of these cluster keys with ``data`` (which must fall inside them)."""
+        return self._commit(data, remove_keys=set(self._check_keys(keys)), txn=txn, op=op)
+
+    def overwrite(self, data, txn: tuple[str, int] | None = None, op: str = "overwrite") -> bool:
+        """Atomically replace the whole table."""
+        return self._commit(data, remove_keys="all", txn=txn, op=op)
+
+    def delete_keys(self, keys: Iterable[str | None], txn: tuple[str, int] | None = None, op: str = "delete") -> bool:
+        """Remove every row of these cluster keys in one commit."""
+        return self._commit(None, remove_keys=set(self._check_keys(keys)), txn=txn, op=op)
+
+    def _commit(self, data, remove_keys, txn, op) -> bool:
+        from deltalake import CommitProperties, Transaction
+        from deltalake._internal import RemoveAction
+
+        dt = self._delta()
+        if txn is not None:
+            done = dt.transaction_version(txn[0])
+            if done is not None and done >= txn[1]:
+                return False
+        adds = self._stage(data) if data is not None else []
+        new_keys = {a_key for _, a_key in adds}
+        if isinstance(remove_keys, set) and not new_keys <= remove_keys:
+            raise StorageError(
+                f"{self.name}: rows for {sorted(map(str, new_keys - remove_keys))} fall outside the keys being replaced"
+            )
+        self.warehouse.step(f"{self.name}.{op}.files_written")
+        now_ms = int(time.time() * 1000)
+        removes = []
+        if remove_keys:
+            old = self.files(dt=dt) if remove_keys == "all" else self.files(keys=remove_keys, dt=dt)
+            removes = [RemoveAction(f.path, True, now_ms, f.size, {}) for f in old]
+        if not adds and not removes and txn is None:
+            return False
+        properties = CommitProperties(
+            app_transactions=[Transaction(txn[0], txn[1])] if txn else None,
+            custom_metadata={"traffic.op": op},
+        )
+        dt.create_write_transaction(
+            [a for a, _ in adds] + removes, mode="append", schema=self.arrow_schema, commit_properties=properties
+        )
+        self.warehouse.step(f"{self.name}.{op}.committed")
+        return True
+
+    def _stage(self, data) -> list[tuple[Any, str | None]]:
+        """Write ``data`` as parquet into a fresh folder; return (AddAction, key) per non-empty file."""
+        folder = f"w{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+        dest = self.path / folder
+        if isinstance(data, pa.Table):
+            self._write_arrow(data, dest)
+        else:
+            self._write_spark(data, dest)
+        return self._add_actions(dest)
+
+    def _write_arrow(self, data: pa.Table, dest: Path) -> None:
+        data = conform(data, self.arrow_schema)
+        if data.num_rows == 0:
+            return
+        if self.cluster is None:
+            dest.mkdir(parents=True)
+            pq.write_table(data, dest / "part-00000.parquet")
+            return
+        column = data.column(self.cluster.column)
+        if pa.types.is_date(column.type):
+            column = column.cast(pa.timestamp("s"))
+        keys = pc.strftime(column, format=_KEY_FORMATS[self.cluster.grain])
+        keys = pc.fill_null(keys, _NULL_KEY)
+        for key in pc.unique(keys).to_pylist():
+            part = data.filter(pc.equal(keys, key))
+            (dest / f"k={key}").mkdir(parents=True)
+            pq.write_table(part, dest / f"k={key}" / "part-00000.parquet")
+
+    def _write_spark(self, df, dest: Path) -> None:
+        from pyspark.sql import functions as F
+
+        schema = schemas.spark_schema(self.name)
+        present = set(df.columns)
+        df = df.select(*[
+            (F.col(f.name) if f.name in present else F.lit(None)).cast(f.dataType).alias(f.name)
+            for f in schema.fields
+        ])
+        if self.cluster is None:
+            df.write.parquet(str(dest))
+        else:
+            key = F.date_format(F.col(self.cluster.column), _SPARK_KEY_FORMATS[self.cluster.grain])
+            df.withColumn("k", key).write.partitionBy("k").parquet(str(dest))
+
+    def _add_actions(self, dest: Path) -> list[tuple[Any, str | None]]:
+        from deltalake.transaction import AddAction
+
+        actions = []
+        if not dest.exists():
+            return actions
+        for path in sorted(dest.rglob("*")):
+            if path.is_file() and (path.name.startswith((".", "_")) or path.suffix == ".crc"):
+                path.unlink()  # Spark's _SUCCESS and .crc side files are not table data
+        for path in sorted(dest.rglob("*.parquet")):
+            meta = pq.read_metadata(path)
+            relative = path.relative_to(self.path).as_posix()
+            if meta.num_rows == 0:
+                path.unlink()
+                continue
+            match = _KEY_SEGMENT.search(relative)
+            key = match.group(1) if match else None
+            key = None if key == _NULL_KEY else key
+            stat = path.stat()
+            stats = json.dumps({"numRecords": meta.num_rows})
+            actions.append((AddAction(relative, stat.st_size, {}, int(stat.st_mtime * 1000), True, stats), key))
+        return actions
+
+    # -- maintenance --------------------------------------------------------------------
+    def history(self, limit: int | None = None) -> list[dict]:
+        return self._delta().history(limit)
+
+    def compact(self, min_files: int | None = None) -> int:
+        """Rewrite each cluster key with more than one small file into one file; returns files removed.
+
+        A rewrite is ``dataChange=false``: readers and idempotent writers see the same rows.
+        """
+        from deltalake import CommitProperties
+        from deltalake._internal import RemoveAction
+        from deltalake.transaction import AddAction
+
+        dt = self._delta()
+        files = self.files(dt=dt)
+        threshold = min_files or self.warehouse.settings.compact_min_files
+        if len(files) < threshold:
+            return 0
+        by_key: dict[str | None, list[DataFile]] = {}
+        for f in files:
+            by_key.setdefault(f.key, []).append(f)
+        folder = self.path / f"c{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+        actions, removed, now_ms = [], 0, int(time.time() * 1000)
+        for key, group in by_key.items():
+            if len(group) < 2:
+                continue
+            rows = pads.dataset([str(self.path / f.path) for f in group], schema=self.arrow_schema).to_table()
+            target = folder / (f"k={key if key is not None else _NULL_KEY}" if self.cluster else "") / "part-00000.parquet"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(rows, target)
+            stat = target.stat()
+            actions.append(AddAction(target.relative_to(self.path).as_posix(), stat.st_size, {},
+                                     int(stat.st_mtime * 1000), False, json.dumps({"numRecords": rows.num_rows})))
+            actions += [RemoveAction(f.path, False, now_ms, f.size, {}) for f in group]
+            removed += len(group)
+        if not removed:
+            return 0
+        self.warehouse.step(f"{self.name}.compact.files_written")
+        dt.create_write_transaction(actions, mode="append", schema=self.arrow_schema,
+                                    commit_properties=CommitProperties(custom_metadata={"traffic.op": "compact"}))
+        self.warehouse.step(f"{self.name}.compact.committed")
+        return removed
+
+    def checkpoint(self) -> None:
+        self._delta().create_checkpoint()
+
+    def vacuum(self, retention_hours: int = 24) -> list[str]:
+        """Delete data files removed from the log more than ``retention_hours`` ago."""
+        return self._delta().vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
+
+    def cleanup_log(self) -> None:
+        self._delta().cleanup_metadata()
+
+
+def conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Select and cast ``data`` to ``schema`` (missing columns become nulls)."""
+    arrays = []
+    for field in schema:
+        if field.name in data.column_names:
+            arrays.append(data.column(field.name).cast(field.type))
+        else:
+            arrays.append(pa.nulls(data.num_rows, field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+class SparkDeltaTable(Table):
+    """delta-spark engine: used where Delta Lake's jars are on Spark's classpath.
+
+    Verified only where those jars are present (not on this project's CI, which has no
+    Maven access); the contract suite runs against it when they are.
+    """
+
+    def _spark(self):
+        return self.warehouse.spark
+
+    def exists(self) -> bool:
+        return (self.path / "_delta_log").is_dir()
+
+    def _delta(self):
+        from delta.tables import DeltaTable
+
+        return DeltaTable.forPath(self._spark(), str(self.path))
+
+    def create(self) -> None:
+        from delta.tables import DeltaTable
+
+        builder = DeltaTable.createIfNotExists(self._spark()).location(str(self.path))
+        builder = builder.addColumns(schemas.spark_schema(self.name))
+        for name, value in TABLE_CONFIGURATION.items():
+            builder = builder.property(name, value.replace("interval ", "interval "))
+        builder.property("delta.minReaderVersion", str(PROTOCOL[0])).property(
+            "delta.minWriterVersion", str(PROTOCOL[1])).execute()
+
+    def version(self) -> int:
+        return int(self._delta().history(1).collect()[0]["version"])
+
+    def txn_version(self, app_id: str) -> int | None:
+        from deltalake import DeltaTable as RsDeltaTable  # reading the log is engine-neutral
+
+        return RsDeltaTable(str(self.path)).transaction_version(app_id)
+
+    def _where(self, keys=None, key_min=None, key_max=None) -> str | None:
+        if not self.cluster:
+            return None
+        fmt = _SPARK_KEY_FORMATS[self.cluster.grain]
+        expr = f"date_format(`{self.cluster.column}`, \"{fmt}\")"
+        parts = []
+        if keys is not None:
+            listed = [k for k in keys if k is not None]
+            clause = f"{expr} IN ({', '.join(repr(k) for k in listed)})" if listed else "false"
+            if None in set(keys):
+                clause = f"({clause} OR `{self.cluster.column}` IS NULL)"
+            parts.append(clause)
+        if key_min is not None:
+            parts.append(f"{expr} >= '{key_min}'")
+        if key_max is not None:
+            parts.append(f"{expr} < '{key_max}'")
+        return " AND ".join(parts) if parts else None
+
+    def read(self, keys=None, key_min=None, key_max=None):
+        df = self._spark().read.format("delta").load(str(self.path))
+        where = self._where(keys, key_min, key_max)
+        return df.where(where) if where else df
+
+    def read_arrow(self, keys=None, key_min=None, key_max=None, columns=None, filter=None) -> pa.Table:
+        df = self.read(keys, key_min, key_max)
+        table = conform(df.toArrow(), self.arrow_schema)
+        if filter is not None:
+            table = table.filter(filter)
+        return table.select(columns) if columns else table
+
+    def keys(self) -> list[str]:
+        from pyspark.sql import functions as F
+
+        if not self.cluster:
+            return []
+        fmt = _SPARK_KEY_FORMATS[self.cluster.grain]
+        rows = self.read().select(F.date_format(self.cluster.column, fmt).alias("k")).distinct().collect()
+        return sorted(r["k"] for r in rows if r["k"] is not None)
+
+    def _frame(self, data):
+        if isinstance(data, pa.Table):
+            return self._spark().createDataFrame(conform(data, self.arrow_schema).to_pandas(),
+                                                 schemas.spark_schema(self.name))
+        return data
+
+    def _write(self, data, mode: str, where: str | None, txn, op: str) -> bool:
+        if txn is not None:
+            done = self.txn_version(txn[0])
+            if done is not None and done >= txn[1]:
+                return False
+        writer = self._frame(data).write.format("delta").mode(mode)
+        if where:
+            writer = writer.option("replaceWhere", where)
+        if txn is not None:
+            writer = writer.option("txnAppId", txn[0]).option("txnVersion", txn[1])
+        self.warehouse.step(f"{self.name}.{op}.files_written")
+        writer.save(str(self.path))
+        self.warehouse.step(f"{self.name}.{op}.committed")
+        return True
+
+    def append(self, data, txn=None, op="append") -> bool:
+        return self._write(data, "append", None, txn, op)
+
+    def replace(self, data, keys, txn=None, op="replace") -> bool:
+        return self._write(data, "overwrite", self._where(keys=list(keys)) or "false", txn, op)
+
+    def overwrite(self, data, txn=None, op="overwrite") -> bool:
+        return self._write(data, "overwrite", None, txn, op)
+
+    def delete_keys(self, keys, txn=None, op="delete") -> bool:
+        empty = self._spark().createDataFrame([], schemas.spark_schema(self.name))
+        return self._write(empty, "overwrite", self._where(keys=list(keys)) or "false", txn, op)
+
+    def history(self, limit=None) -> list[dict]:
+        return [r.asDict() for r in self._delta().history(limit or 1000).collect()]
+
+    def compact(self, min_files=None) -> int:
+        self._delta().optimize().executeCompaction()
+        return 0
+
+    def checkpoint(self) -> None:
+        from deltalake import DeltaTable as RsDeltaTable
+
+        RsDeltaTable(str(self.path)).create_checkpoint()
+
+    def vacuum(self, retention_hours: int = 24) -> list[str]:
+        self._delta().vacuum(retention_hours)
+        return []
+
+    def cleanup_log(self) -> None:
+        """delta-spark cleans expired log entries itself at checkpoints."""

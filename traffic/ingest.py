@@ -1,0 +1,356 @@
+"""Micro-batch ingest: new inbox files → packets, late_packets, rejects, open hours, panes, clocks.
+
+One batch is planned on the driver without Spark (an empty inbox never starts a JVM),
+journaled, then executed by Spark. Every table write is idempotent by the batch id
+(Delta app transaction ``ingest``/``batch_id``), and the ``batches`` row is written last,
+so a batch killed at any point and run again ends exactly as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Callable
+
+import pyarrow as pa
+
+from traffic import inbox as inbox_mod
+from traffic import state as st
+from traffic.clock import advance, hour_floor, month_start
+from traffic.delta import Warehouse, cluster_key
+from traffic.records import PARSED_SCHEMA
+from traffic.settings import Settings
+
+log = logging.getLogger(__name__)
+UTC = timezone.utc
+APP = "ingest"
+
+
+@dataclass
+class BatchResult:
+    """What one ingest batch did (printed by the CLI, returned to Airflow)."""
+
+    batch_id: int | None = None
+    files: int = 0
+    duplicate_files: int = 0
+    records_read: int = 0
+    packets_on_time: int = 0
+    packets_late: int = 0
+    records_rejected: int = 0
+    ticks: int = 0
+    bytes_on_time: int = 0
+    bytes_late: int = 0
+    watermark_before: datetime | None = None
+    watermark_after: datetime | None = None
+    resumed: bool = False
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return self.batch_id is None
+
+
+def plan_batch(settings: Settings, warehouse: Warehouse) -> dict | None:
+    """The next batch's plan (files, id, clocks before), or None when the inbox has nothing new."""
+    found = inbox_mod.scan(settings.inbox, settings.min_file_age.total_seconds())
+    planned = inbox_mod.plan_files(found, st.known_files(warehouse))
+    if not planned:
+        return None
+    before = st.read_clock_state(warehouse)
+    return {
+        "batch_id": st.last_batch_id(warehouse) + 1,
+        "started_at": datetime.now(UTC).isoformat(),
+        "now": settings.processing_now().isoformat(),
+        "state_before": st.state_to_json(before),
+        "files": [asdict(f) for f in planned],
+    }
+
+
+def ingest(settings: Settings, spark_factory: Callable[[], object], progress=print) -> BatchResult:
+    """Run one micro-batch (resuming an interrupted one first). Holds the warehouse lock."""
+    warehouse = Warehouse(settings)
+    warehouse.root.mkdir(parents=True, exist_ok=True)
+    with inbox_mod.warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic ingest"):
+        warehouse.create_all()
+        journal = inbox_mod.Journal(warehouse.state_dir())
+        plan = journal.load()
+        resumed = plan is not None
+        if plan is None:
+            plan = plan_batch(settings, warehouse)
+            if plan is None:
+                return BatchResult()
+            journal.save(plan)
+        if resumed:
+            progress(f"resuming interrupted batch {plan['batch_id']}")
+        warehouse = Warehouse(settings, spark=spark_factory())
+        result = run_batch(warehouse, plan, progress)
+        result.resumed = resumed
+        journal.clear()
+        return result
+
+
+def finish_pending(settings: Settings, warehouse: Warehouse, spark_factory, progress=print) -> bool:
+    """Complete an interrupted batch (close and replay call this under the lock)."""
+    journal = inbox_mod.Journal(warehouse.state_dir())
+    plan = journal.load()
+    if plan is None:
+        return False
+    progress(f"finishing interrupted ingest batch {plan['batch_id']} first")
+    run_batch(Warehouse(settings, spark=spark_factory()), plan, progress)
+    journal.clear()
+    return True
+
+
+def _chunks(plan: dict, split_bytes: int) -> list[tuple]:
+    """(path, source, name, start, end, splittable) per parse task: big text files are split by bytes."""
+    from traffic.readers import CAPTURE, detect_format
+
+    chunks = []
+    for f in plan["files"]:
+        if f["status"] not in (inbox_mod.ACCOUNTED, inbox_mod.APPENDED):
+            continue
+        with open(f["path"], "rb") as handle:
+            head = handle.read(64)
+        fmt = detect_format(f["name"], head)
+        start, end = f["start"], f["size"]
+        if fmt == CAPTURE or fmt != "router-feed":
+            chunks.append((f["path"], f["source"], f["name"], fmt, start, end))
+            continue
+        offset = start
+        while offset < end:
+            chunks.append((f["path"], f["source"], f["name"], fmt, offset, min(end, offset + split_bytes)))
+            offset += split_bytes
+    return chunks
+
+
+def read_chunk(path: str, start: int, end: int, first_chunk_start: int) -> bytes:
+    """The whole lines of ``[start, end)``: a line belongs to the chunk its first byte is in."""
+    with open(path, "rb") as handle:
+        if start > first_chunk_start:
+            handle.seek(start - 1)
+            if handle.read(1) != b"\n":
+                handle.readline()  # the partial line belongs to the previous chunk
+        begin = handle.tell()
+        if begin >= end:
+            return b""
+        data = handle.read(end - begin)
+        if not data.endswith(b"\n"):
+            data += handle.readline()
+        return data
+
+
+def _parse_partition(settings_doc: dict):
+    """The function Spark runs on each task: read its chunks, parse them to Arrow batches."""
+
+    def parse(batches):
+        from traffic.readers import parse_bytes
+        from traffic.settings import build_settings
+
+        settings = build_settings(settings_doc)
+        for batch in batches:
+            for row in batch.to_pylist():
+                data = read_chunk(row["path"], row["start"], row["end"], row["file_start"])
+                table = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"],
+                                    settings=settings)
+                yield from table.to_batches(max_chunksize=200_000)
+
+    return parse
+
+
+def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
+    """Execute a planned batch with Spark; every write is skipped if this batch already made it."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from traffic import transforms as T
+
+    spark = warehouse.spark
+    settings = warehouse.settings
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+    batch_id = plan["batch_id"]
+    txn = (APP, batch_id)
+    before = st.state_from_json(plan["state_before"])
+    now = datetime.fromisoformat(plan["now"])
+    files = plan["files"]
+    file_start = {f["path"]: f["start"] for f in files}
+    chunks = _chunks(plan, settings.split_bytes)
+    progress(f"batch {batch_id}: {len(chunks)} parse task(s) over "
+             f"{sum(1 for f in files if f['status'] in ('accounted', 'appended'))} file(s)")
+
+    chunk_rows = [
+        {"path": p, "source": s, "name": n, "format": fmt, "start": a, "end": b, "file_start": file_start[p]}
+        for p, s, n, fmt, a, b in chunks
+    ]
+    chunk_schema = "path string, source string, name string, format string, start long, `end` long, file_start long"
+    settings_doc = {
+        "local_networks": list(settings.local_networks),
+        "keep_transit": settings.keep_transit,
+    }
+    parsed_schema = _spark_parsed_schema()
+    if chunk_rows:
+        chunk_df = spark.createDataFrame(chunk_rows, chunk_schema).repartition(max(1, len(chunk_rows)))
+        parsed = chunk_df.mapInArrow(_parse_partition(settings_doc), parsed_schema)
+    else:
+        parsed = spark.createDataFrame([], parsed_schema)
+    changed = [f for f in files if f["status"] == inbox_mod.CHANGED]
+    if changed:
+        rejected_whole = pa.table({
+            "kind": ["reject"] * len(changed), "source": [f["source"] for f in changed],
+            "reason": [f["note"] for f in changed], "record": [f"file {f['name']}" for f in changed],
+            "input_file": [f["name"] for f in changed]})
+        from traffic.delta import conform
+
+        parsed = parsed.unionByName(spark.createDataFrame(conform(rejected_whole, PARSED_SCHEMA).to_pandas(),
+                                                          parsed_schema))
+    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+
+    # Sanity bounds: the future bound uses the machine clock recorded in the plan; the history
+    # bound uses the newest record of the batch that passed the future bound.
+    future_limit = now + settings.max_future_skew
+    newest_row = parsed.where((F.col("kind") != "reject") & (F.col("ts") <= F.lit(future_limit))) \
+        .agg(F.max("ts").alias("newest")).collect()[0]
+    newest = newest_row["newest"]
+    newest = newest.replace(tzinfo=UTC) if newest is not None and newest.tzinfo is None else newest
+    floor = T.history_floor(newest, settings.max_history)
+    judged = T.classify(parsed, before.watermark, future_limit, floor)
+    summary = st.rows(pa.Table.from_pylist([r.asDict() for r in T.batch_summary(judged).collect()]))
+    timings["read_parse"] = time.perf_counter() - clock
+
+    counts = {fate: sum(r["records"] for r in summary if r["fate"] == fate)
+              for fate in (T.ON_TIME, T.LATE, T.TICK, T.LATE_TICK, T.REJECT)}
+    volume = {fate: sum(r["bytes"] for r in summary if r["fate"] == fate) for fate in (T.ON_TIME, T.LATE)}
+    batch_clocks: dict[str, datetime] = {}
+    for r in summary:
+        if r["fate"] != T.REJECT and r["max_ts"] is not None:
+            batch_clocks[r["source"]] = max(r["max_ts"], batch_clocks.get(r["source"], r["max_ts"]))
+    on_time_hours = sorted({hour_floor(r["pane"]) for r in summary if r["fate"] == T.ON_TIME})
+    after = advance(before, batch_clocks, batch_id, settings.allowed_lateness, settings.source_timeout,
+                    on_time_hours[0] if on_time_hours else None)
+    reject_hour = hour_floor(after.watermark) if after.watermark else None
+
+    clock = time.perf_counter()
+    packet_columns = ["ts", "source", "local_ip", "remote_ip", "local_port", "remote_port", "protocol", "bytes",
+                      "direction", "hour", "input_file"]
+    on_time = judged.where(F.col("fate") == T.ON_TIME).select(*packet_columns).withColumn("batch_id", F.lit(batch_id))
+    if counts[T.ON_TIME]:
+        warehouse.table("packets").append(on_time, txn=txn, op="ingest")
+    if counts[T.LATE]:
+        late = judged.where(F.col("fate") == T.LATE).select(*packet_columns, "late_reason") \
+            .withColumn("batch_id", F.lit(batch_id))
+        warehouse.table("late_packets").append(late, txn=txn, op="ingest")
+    if counts[T.REJECT]:
+        rejects = judged.where(F.col("fate") == T.REJECT).select(
+            F.lit(batch_id).alias("batch_id"), "source", "input_file", "record", "reason", "ts",
+            F.lit(reject_hour).cast("timestamp").alias("hour"))
+        warehouse.table("rejects").append(rejects, txn=txn, op="ingest")
+    timings["write_raw"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    if on_time_hours:
+        keys = [cluster_key(h, "hour") for h in on_time_hours]
+        hourly = warehouse.table("hourly")
+        existing = hourly.read(keys=keys).where(F.col("status") == "open")
+        merged = T.merge_open_hours(existing, T.hourly_totals(on_time, "open"))
+        hourly.replace(merged, keys=keys, txn=txn, op="ingest")
+    _write_panes(warehouse, summary, txn)
+    _grow_late_counters(warehouse, summary, txn)
+    timings["write_hours"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    warehouse.table("clocks").overwrite(st.clock_table(after), txn=txn, op="ingest")
+    result = BatchResult(
+        batch_id=batch_id,
+        files=sum(1 for f in files if f["status"] != inbox_mod.DUPLICATE),
+        duplicate_files=sum(1 for f in files if f["status"] == inbox_mod.DUPLICATE),
+        records_read=sum(counts.values()),
+        packets_on_time=counts[T.ON_TIME],
+        packets_late=counts[T.LATE],
+        records_rejected=counts[T.REJECT],
+        ticks=counts[T.TICK] + counts[T.LATE_TICK],
+        bytes_on_time=volume[T.ON_TIME],
+        bytes_late=volume[T.LATE],
+        watermark_before=before.watermark,
+        watermark_after=after.watermark,
+    )
+    batch_row = {
+        "batch_id": batch_id,
+        "started_at": datetime.fromisoformat(plan["started_at"]),
+        "committed_at": datetime.now(UTC),
+        "files": [{"name": f["name"], "source": f["source"], "sha256": f["sha256"], "size": f["size"],
+                   "status": f["status"], "mtime_ns": f["mtime_ns"], "start": f["start"]} for f in files],
+        **{k: getattr(result, k) for k in ("records_read", "packets_on_time", "packets_late", "records_rejected",
+                                           "ticks", "bytes_on_time", "bytes_late", "duplicate_files",
+                                           "watermark_before", "watermark_after")},
+    }
+    batches = warehouse.table("batches")
+    batches.append(pa.Table.from_pylist([batch_row], schema=batches.arrow_schema), txn=txn, op="ingest")
+    timings["commit_state"] = time.perf_counter() - clock
+    parsed.unpersist()
+    result.seconds = timings
+    return result
+
+
+def _spark_parsed_schema():
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(PARSED_SCHEMA)
+
+
+def _write_panes(warehouse: Warehouse, summary: list[dict], txn) -> None:
+    """Add on-time packets and ticks to ``source_panes`` (per source and 5-minute pane)."""
+    from traffic.transforms import ON_TIME, TICK
+
+    fresh: dict[tuple[str, datetime], dict] = {}
+    for r in summary:
+        if r["fate"] not in (ON_TIME, TICK):
+            continue
+        row = fresh.setdefault((r["source"], r["pane"]), {"source": r["source"], "pane_start": r["pane"],
+                                                          "packets": 0, "bytes": 0, "ticks": 0})
+        if r["fate"] == ON_TIME:
+            row["packets"] += r["records"]
+            row["bytes"] += r["bytes"]
+        else:
+            row["ticks"] += r["records"]
+    if not fresh:
+        return
+    table = warehouse.table("source_panes")
+    keys = sorted({cluster_key(pane, "hour") for _, pane in fresh})
+    merged = {(r["source"], r["pane_start"]): r for r in st.rows(table.read_arrow(keys=keys))}
+    for key, row in fresh.items():
+        old = merged.get(key)
+        if old:
+            row = {**row, **{c: old[c] + row[c] for c in ("packets", "bytes", "ticks")}}
+        merged[key] = row
+    data = pa.Table.from_pylist(sorted(merged.values(), key=lambda r: (r["pane_start"], r["source"])),
+                                schema=table.arrow_schema)
+    table.replace(data, keys=keys, txn=txn, op="ingest")
+
+
+def _grow_late_counters(warehouse: Warehouse, summary: list[dict], txn) -> None:
+    """Late packets for already-closed periods grow those ledger rows' late counters (DESIGN §6)."""
+    from traffic.transforms import LATE
+
+    late_by_hour: dict[datetime, list[int]] = {}
+    for r in summary:
+        if r["fate"] == LATE:
+            totals = late_by_hour.setdefault(hour_floor(r["pane"]), [0, 0])
+            totals[0] += r["bytes"]
+            totals[1] += r["records"]
+    if not late_by_hour:
+        return
+    months = sorted({cluster_key(month_start(h), "month") for h in late_by_hour})
+    ledger = {(r["grain"], r["period_start"]): r for r in st.read_ledger(warehouse, keys=months)}
+    changed = {}
+    for hour, (late_bytes, late_packets) in late_by_hour.items():
+        day = hour.replace(hour=0)
+        for key in (("hour", hour), ("day", day), ("month", month_start(hour))):
+            row = changed.get(key) or ledger.get(key)
+            if row is None:
+                continue
+            changed[key] = {**row, "late_bytes": row["late_bytes"] + late_bytes,
+                            "late_packets": row["late_packets"] + late_packets}
+    st.write_ledger_rows(warehouse, list(changed.values()), txn=txn, op="ingest")
+

@@ -1,0 +1,422 @@
+"""Input readers: bytes of one inbox file (or a line-aligned chunk of it) → ``PARSED_SCHEMA`` rows.
+
+Formats (DESIGN §7): router-feed CSV (``new,OP_INSERT,<ts_us>,…``), CSV with a header,
+JSON lines, and pcap/pcapng captures (``traffic.captures``). Text is judged column-wise with
+Arrow compute kernels; only distinct non-canonical addresses and rare odd rows touch Python.
+A bad record becomes a ``reject`` row with a reason; it never stops the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import ipaddress
+import json
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from traffic.records import MAX_BYTES_V4, MAX_BYTES_V6, PARSED_SCHEMA, clip_record
+
+ROUTER_FEED = "router-feed"
+CSV_HEADER = "csv"
+JSON_LINES = "jsonl"
+CAPTURE = "capture"
+
+PACKET_FIELDS = ("ts", "local_ip", "remote_ip", "local_port", "remote_port", "protocol", "bytes", "direction")
+_ROUTER_COLUMNS = ["op_new", "opcode", "ts", "local_ip", "remote_ip", "local_port", "remote_port", "bytes"]
+_DIGITS = r"^[0-9]{1,19}$"
+_CANONICAL_V4 = r"^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$"
+_MAX_TS_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
+_DIRECTIONS = ["in", "out", "internal", "transit"]
+
+
+def detect_format(name: str, head: bytes) -> str:
+    """The format of a file from its name, confirmed by its first bytes."""
+    from traffic.captures import is_capture
+
+    lower = name.lower()
+    if lower.endswith((".pcap", ".pcapng", ".cap")) or is_capture(head):
+        return CAPTURE
+    if lower.endswith((".jsonl", ".ndjson", ".json")):
+        return JSON_LINES
+    stripped = head.lstrip()
+    if stripped.startswith(b"{"):
+        return JSON_LINES
+    if stripped.startswith(b"new,") or not stripped:
+        return ROUTER_FEED
+    return CSV_HEADER
+
+
+def parse_bytes(data: bytes, fmt: str, *, source: str, input_file: str, settings=None) -> pa.Table:
+    """Parse one file's bytes (or a line-aligned chunk for text formats)."""
+    if fmt == CAPTURE:
+        from traffic.captures import parse_capture
+
+        return parse_capture(
+            data,
+            source=source,
+            input_file=input_file,
+            local_networks=list(settings.local_networks) if settings else [],
+            keep_transit=bool(settings and settings.keep_transit),
+        )
+    good, bad = _split_utf8(data)
+    rejects = _rejects(bad, "not UTF-8 text", source, input_file)
+    if fmt == ROUTER_FEED:
+        parsed = parse_router_feed(good, source=source, input_file=input_file)
+    elif fmt == JSON_LINES:
+        parsed = parse_json_lines(good, source=source, input_file=input_file)
+    else:
+        parsed = parse_csv_header(good, source=source, input_file=input_file)
+    return pa.concat_tables([parsed, rejects]) if rejects.num_rows else parsed
+
+
+def _split_utf8(data: bytes) -> tuple[bytes, list[str]]:
+    """Valid UTF-8 lines, and a hex excerpt of each line that is not (the rare slow path)."""
+    try:
+        data.decode("utf-8")
+        return data, []
+    except UnicodeDecodeError:
+        pass
+    good, bad = [], []
+    for line in data.split(b"\n"):
+        try:
+            line.decode("utf-8")
+            good.append(line)
+        except UnicodeDecodeError:
+            bad.append("hex:" + line[:64].hex())
+    return b"\n".join(good), bad
+
+
+def _rejects(records: list[str], reason: str | list[str], source: str, input_file: str) -> pa.Table:
+    n = len(records)
+    if not n:
+        return PARSED_SCHEMA.empty_table()
+    reasons = reason if isinstance(reason, list) else [reason] * n
+    table = pa.table(
+        {
+            "kind": pa.array(["reject"] * n, pa.string()),
+            "source": pa.array([source] * n, pa.string()),
+            "reason": pa.array(reasons, pa.string()),
+            "record": pa.array([clip_record(r) for r in records], pa.string()),
+            "input_file": pa.array([input_file] * n, pa.string()),
+        }
+    )
+    return _conform(table)
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    arrays = [
+        table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+        for f in PARSED_SCHEMA
+    ]
+    return pa.Table.from_arrays(arrays, schema=PARSED_SCHEMA)
+
+
+# -- router-feed ------------------------------------------------------------------------
+
+
+def parse_router_feed(data: bytes, *, source: str, input_file: str) -> pa.Table:
+    """``new,OP_INSERT,<ts_us>,<local_ip>,<remote_ip>,<local_port>,<remote_port>,<bytes>``; 3 fields = tick."""
+    odd: list[str] = []
+
+    def keep_odd(row) -> str:
+        odd.append(row.text)
+        return "skip"
+
+    if not data.strip():
+        return PARSED_SCHEMA.empty_table()
+    table = pacsv.read_csv(
+        io.BytesIO(data),
+        read_options=pacsv.ReadOptions(column_names=_ROUTER_COLUMNS, block_size=16 << 20),
+        parse_options=pacsv.ParseOptions(quote_char=False, invalid_row_handler=keep_odd),
+        convert_options=pacsv.ConvertOptions(
+            column_types={c: pa.string() for c in _ROUTER_COLUMNS},
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        ),
+    )
+    raw = pc.binary_join_element_wise(*[table.column(c) for c in _ROUTER_COLUMNS], ",")
+    opcode_ok = pc.and_kleene(pc.equal(table.column("op_new"), "new"), pc.equal(table.column("opcode"), "OP_INSERT"))
+    fields = {c: table.column(c) for c in PACKET_FIELDS if c in table.column_names}
+    fields["protocol"] = fields["direction"] = pa.array([""] * table.num_rows, pa.string())
+    opcode_reason = pc.if_else(
+        opcode_ok, pa.scalar(None, pa.string()),
+        pc.binary_join_element_wise(
+            "unknown operation '", table.column("op_new"), ",", table.column("opcode"),
+            "' (only new,OP_INSERT is accepted)", ""),
+    )
+    packets = judge(fields, raw, source=source, input_file=input_file, prior_reason=opcode_reason,
+                    require_ports=True, blank_is_tick=False)
+    extra = _router_odd_rows(odd, source=source, input_file=input_file)
+    return pa.concat_tables([packets, extra]) if extra.num_rows else packets
+
+
+def _router_odd_rows(lines: list[str], *, source: str, input_file: str) -> pa.Table:
+    """Rows without 8 fields: a 3-field ``new,OP_INSERT,<ts>`` is a tick; the rest are rejects."""
+    if not lines:
+        return PARSED_SCHEMA.empty_table()
+    ticks, tick_raw, rejects, reasons = [], [], [], []
+    for line in lines:
+        parts = line.split(",")
+        if len(parts) == 3 and parts[0] == "new" and parts[1] == "OP_INSERT":
+            ticks.append(parts[2])
+            tick_raw.append(line)
+        elif len(parts) >= 2 and (parts[0] != "new" or parts[1] != "OP_INSERT"):
+            rejects.append(line)
+            reasons.append(f"unknown operation '{parts[0]},{parts[1]}' (only new,OP_INSERT is accepted)")
+        else:
+            rejects.append(line)
+            reasons.append(f"expected 8 fields (or 3 for a clock tick), found {len(parts)}")
+    parts = [_rejects(rejects, reasons, source, input_file)]
+    if ticks:
+        n = len(ticks)
+        empty = pa.array([""] * n, pa.string())
+        fields = {"ts": pa.array(ticks, pa.string())}
+        fields.update({c: empty for c in PACKET_FIELDS if c != "ts"})
+        parts.append(judge(fields, pa.array(tick_raw, pa.string()), source=source, input_file=input_file))
+    return pa.concat_tables(parts)
+
+
+# -- CSV with header and JSON lines -------------------------------------------------------
+
+
+def parse_csv_header(data: bytes, *, source: str, input_file: str) -> pa.Table:
+    """CSV with a header row naming ``packets`` columns (``ts`` required)."""
+    text = data.decode("utf-8")
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        return PARSED_SCHEMA.empty_table()
+    if "ts" not in header:
+        return _rejects([clip_record(text.split("\n", 1)[0])],
+                        "CSV header has no 'ts' column (expected packets column names)", source, input_file)
+    columns: dict[str, list[str]] = {name: [] for name in header}
+    raw, bad, bad_reasons = [], [], []
+    for row in reader:
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        line = ",".join(row)
+        if len(row) != len(header):
+            bad.append(line)
+            bad_reasons.append(f"expected {len(header)} fields as in the header, found {len(row)}")
+            continue
+        for name, value in zip(header, row):
+            columns[name].append(value.strip())
+        raw.append(line)
+    return _judge_named(columns, raw, bad, bad_reasons, source=source, input_file=input_file)
+
+
+def parse_json_lines(data: bytes, *, source: str, input_file: str) -> pa.Table:
+    """One JSON object per line with ``packets`` column names (``ts`` as µs or ISO-8601)."""
+    names = PACKET_FIELDS + ("source",)
+    columns: dict[str, list[str]] = {name: [] for name in names}
+    raw, bad, bad_reasons = [], [], []
+    for line in data.decode("utf-8").split("\n"):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as error:
+            bad.append(line)
+            bad_reasons.append(f"not valid JSON ({error.msg} at column {error.colno})")
+            continue
+        if not isinstance(obj, dict):
+            bad.append(line)
+            bad_reasons.append("a JSON line must be an object with packets column names")
+            continue
+        for name in names:
+            value = obj.get(name)
+            if isinstance(value, bool) or isinstance(value, (dict, list)):
+                value = json.dumps(value)
+            elif isinstance(value, float) and value.is_integer():
+                value = str(int(value))
+            columns[name].append("" if value is None else str(value).strip())
+        raw.append(line)
+    return _judge_named(columns, raw, bad, bad_reasons, source=source, input_file=input_file)
+
+
+def _judge_named(columns, raw, bad, bad_reasons, *, source, input_file) -> pa.Table:
+    n = len(raw)
+    empty = [""] * n
+    fields = {name: pa.array(columns.get(name, empty), pa.string()) for name in PACKET_FIELDS}
+    fields["ts"] = _iso_to_micros(fields["ts"])
+    record_source = pa.array(columns.get("source", empty), pa.string())
+    good = judge(fields, pa.array(raw, pa.string()), source=source, input_file=input_file,
+                 record_source=record_source, require_ports=False)
+    rejects = _rejects(bad, bad_reasons, source, input_file)
+    return pa.concat_tables([good, rejects]) if rejects.num_rows else good
+
+
+def _iso_to_micros(ts: pa.Array) -> pa.Array:
+    """Leave integer µs as they are; turn ISO-8601 text into µs (a time without offset is UTC)."""
+    digits = pc.match_substring_regex(ts, _DIGITS)
+    if pc.all(pc.or_kleene(digits, pc.equal(ts, ""))).as_py():
+        return ts
+    out = []
+    for value, is_digits in zip(ts.to_pylist(), digits.to_pylist()):
+        if is_digits or not value:
+            out.append(value)
+            continue
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+        except ValueError:
+            out.append(value)  # judged below as a bad time
+            continue
+        parsed = parsed.replace(tzinfo=timezone.utc) if parsed.tzinfo is None else parsed.astimezone(timezone.utc)
+        delta = parsed - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        out.append(str((delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds))
+    return pa.array(out, pa.string())
+
+
+# -- judging --------------------------------------------------------------------------------
+
+
+def judge(fields: dict[str, pa.Array], raw: pa.Array, *, source: str, input_file: str,
+          prior_reason: pa.Array | None = None, record_source: pa.Array | None = None,
+          require_ports: bool = False, blank_is_tick: bool = True) -> pa.Table:
+    """Validate text columns into packets, ticks and rejects (first failing check names the reason)."""
+    n = len(raw)
+    if n == 0:
+        return PARSED_SCHEMA.empty_table()
+    null_str = pa.scalar(None, pa.string())
+    col = {k: (v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v) for k, v in fields.items()}
+    col = {k: pc.fill_null(v, "") for k, v in col.items()}
+    blank = {k: pc.equal(pc.utf8_length(v), 0) for k, v in col.items()}
+    is_tick = pc.and_kleene(pc.invert(blank["ts"]), _all([blank[k] for k in PACKET_FIELDS if k != "ts"]))
+    if not blank_is_tick:  # router-feed: only a 3-field line is a tick; empty packet fields are an error
+        is_tick = pa.array([False] * n)
+
+    ts_ok = pc.match_substring_regex(col["ts"], _DIGITS)
+    ts_num = _to_int(col["ts"], ts_ok)
+    ts_ok = pc.and_kleene(ts_ok, pc.less_equal(ts_num, _MAX_TS_US))
+
+    local, local_ok, local_v6 = canonical_ips(col["local_ip"])
+    remote, remote_ok, remote_v6 = canonical_ips(col["remote_ip"])
+    v6 = pc.fill_null(local_v6, False)
+    ports = {}
+    port_ok = {}
+    for name in ("local_port", "remote_port"):
+        ok = pc.match_substring_regex(col[name], r"^[0-9]{1,5}$")
+        num = _to_int(col[name], ok)
+        ok = pc.and_kleene(ok, pc.less_equal(num, 65535))
+        if not require_ports:
+            ok = pc.or_kleene(ok, blank[name])
+        ports[name] = pc.if_else(ok, num, None).cast(pa.int32())
+        port_ok[name] = ok
+    proto_ok = pc.match_substring_regex(col["protocol"], r"^[0-9]{1,3}$")
+    proto = _to_int(col["protocol"], proto_ok)
+    proto_ok = pc.or_kleene(pc.and_kleene(proto_ok, pc.less_equal(proto, 255)), blank["protocol"])
+    size_ok = pc.match_substring_regex(col["bytes"], r"^[0-9]{1,10}$")
+    size = _to_int(col["bytes"], size_ok)
+    limit = pc.if_else(v6, MAX_BYTES_V6, MAX_BYTES_V4)
+    size_in_range = pc.less_equal(size, limit)
+    negative = pc.match_substring_regex(col["bytes"], r"^-[0-9]+$")
+    direction = col["direction"]
+    dir_ok = pc.or_kleene(blank["direction"], pc.is_in(direction, pa.array(_DIRECTIONS)))
+
+    checks = [
+        (ts_ok, pc.binary_join_element_wise("time '", col["ts"], "' is not microseconds since 1970 (or ISO-8601)", "")),
+        (local_ok, pc.binary_join_element_wise("local_ip '", col["local_ip"], "' is not an IPv4 or IPv6 address", "")),
+        (remote_ok, pc.binary_join_element_wise("remote_ip '", col["remote_ip"], "' is not an IPv4 or IPv6 address", "")),
+        (pc.equal(local_v6, remote_v6), pa.scalar("local_ip and remote_ip are of different families (IPv4 and IPv6)")),
+        (port_ok["local_port"], pc.binary_join_element_wise("local_port '", col["local_port"], "' is not a port 0-65535", "")),
+        (port_ok["remote_port"], pc.binary_join_element_wise("remote_port '", col["remote_port"], "' is not a port 0-65535", "")),
+        (proto_ok, pc.binary_join_element_wise("protocol '", col["protocol"], "' is not a protocol number 0-255", "")),
+        (pc.invert(negative), pc.binary_join_element_wise("byte count ", col["bytes"], " is negative", "")),
+        (size_ok, pc.binary_join_element_wise("byte count '", col["bytes"], "' is not a whole number", "")),
+        (size_in_range, pc.binary_join_element_wise(
+            "byte count ", col["bytes"], pc.if_else(v6, " is more than an IPv6 packet can carry (4294967335)",
+                                                    " is more than an IPv4 packet can carry (65535)"), "")),
+        (dir_ok, pc.binary_join_element_wise("direction '", direction, "' is not in/out/internal/transit", "")),
+    ]
+    # Ticks only need a good time; packets need everything.
+    reason = _first_reason(checks, is_tick, n)
+    if prior_reason is not None:
+        reason = pc.coalesce(prior_reason, reason)
+
+    kind = pc.if_else(pc.is_valid(reason), "reject", pc.if_else(is_tick, "tick", "packet"))
+    packet = pc.equal(kind, "packet")
+    accepted = pc.not_equal(kind, "reject")
+    src = pa.array([source] * n, pa.string())
+    if record_source is not None:
+        src = pc.if_else(pc.greater(pc.utf8_length(record_source), 0), record_source, src)
+    micros = pc.if_else(accepted, ts_num, None)
+    table = pa.table(
+        {
+            "kind": kind,
+            "ts": micros.cast(pa.timestamp("us", tz="UTC")),
+            "source": src,
+            "local_ip": pc.if_else(packet, local, null_str),
+            "remote_ip": pc.if_else(packet, remote, null_str),
+            "local_port": pc.if_else(packet, ports["local_port"], None),
+            "remote_port": pc.if_else(packet, ports["remote_port"], None),
+            "protocol": pc.if_else(pc.and_kleene(packet, pc.invert(blank["protocol"])), proto, None).cast(pa.int32()),
+            "bytes": pc.if_else(packet, size, None),
+            "direction": pc.if_else(pc.and_kleene(packet, pc.invert(blank["direction"])), direction, null_str),
+            "reason": reason,
+            "record": pc.if_else(accepted, null_str, pc.utf8_slice_codeunits(raw, 0, 512)),
+            "input_file": pa.array([input_file] * n, pa.string()),
+        }
+    )
+    return _conform(table)
+
+
+def _first_reason(checks, is_tick, n) -> pa.Array:
+    """The reason of the first failing check (in order), null when all pass; ticks need only the time."""
+    null_str = pa.scalar(None, pa.string())
+    reason = pa.nulls(n, pa.string())
+    for index, (ok, text) in reversed(list(enumerate(checks))):
+        ok = pc.fill_null(ok, False)
+        if index > 0:
+            ok = pc.or_kleene(ok, is_tick)
+        if isinstance(text, pa.Scalar):
+            text = pa.array([text.as_py()] * n, pa.string())
+        reason = pc.if_else(ok, reason, text)
+    return pc.if_else(pc.is_valid(reason), reason, null_str)
+
+
+def _all(masks):
+    result = masks[0]
+    for mask in masks[1:]:
+        result = pc.and_kleene(result, mask)
+    return result
+
+
+def _to_int(text: pa.Array, ok: pa.Array) -> pa.Array:
+    """``int64`` of the digits where ``ok`` (others null), without failing on the rest."""
+    safe = pc.if_else(ok, text, pa.scalar(None, pa.string()))
+    long_enough = pc.less_equal(pc.utf8_length(safe), 18)
+    safe = pc.if_else(long_enough, safe, pa.scalar(None, pa.string()))
+    return pc.cast(safe, pa.int64())
+
+
+def canonical_ips(text: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """(canonical text, valid?, is IPv6?) — canonical IPv4 passes through; others go via ``ipaddress`` once each."""
+    fast = pc.fill_null(pc.match_substring_regex(text, _CANONICAL_V4), False)
+    if pc.all(fast).as_py():
+        n = len(text)
+        return text, pa.array([True] * n), pa.array([False] * n)
+    slow_values = pc.unique(pc.filter(text, pc.invert(fast))).to_pylist()
+    canon, valid, v6 = [], [], []
+    for value in slow_values:
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            canon.append(None)
+            valid.append(False)
+            v6.append(None)
+            continue
+        canon.append(str(address))
+        valid.append(True)
+        v6.append(address.version == 6)
+    lookup = pa.array(slow_values, pa.string())
+    index = pc.index_in(text, value_set=lookup)
+    canonical = pc.if_else(fast, text, pc.take(pa.array(canon, pa.string()), index))
+    is_valid = pc.if_else(fast, True, pc.take(pa.array(valid, pa.bool_()), index))
+    is_v6 = pc.if_else(fast, False, pc.take(pa.array(v6, pa.bool_()), index))
+    return canonical, pc.fill_null(is_valid, False), is_v6

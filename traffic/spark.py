@@ -1,0 +1,61 @@
+"""Builds the one SparkSession a job uses (called from entry points and one test fixture only)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from traffic.delta import choose_engine
+from traffic.settings import Settings
+
+LOG4J = Path(__file__).resolve().parent / "conf" / "log4j2.properties"
+
+
+def build_spark(settings: Settings, app_name: str):
+    """A SparkSession tuned for this pipeline: UTC, microsecond timestamps, few partitions, no UI."""
+    from pyspark.sql import SparkSession
+
+    # Spark turns timestamps into naive Python datetimes in the process's local zone: make it UTC.
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    # Quiet JVM start-up: our log4j2 config applies from the first line.
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
+                          f"--driver-java-options -Dlog4j.configurationFile=file:{LOG4J} pyspark-shell")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
+    # Python workers must run the same interpreter (and so the same pyarrow) as the driver.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(settings.spark_master)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+        .config("spark.default.parallelism", str(settings.shuffle_partitions))
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "200000")
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
+        .config("spark.sql.files.maxPartitionBytes", str(settings.split_bytes))
+        .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+        .config("spark.hadoop.parquet.enable.summary-metadata", "false")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{LOG4J}")
+    )
+    if choose_engine(settings) == "spark":
+        jars = sorted(str(p) for p in settings.spark_jars_dir.glob("*.jar"))
+        builder = (
+            builder.config("spark.jars", ",".join(jars))
+            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

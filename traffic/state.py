@@ -1,0 +1,127 @@
+"""Small driver-side state tables (clocks, batches, the ledger), read and written with Arrow.
+
+These are tiny (a row per source, per batch, per closed period), so they never need a JVM:
+``traffic status`` and the "nothing to do" checks answer in well under a second.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traffic.clock import ClockState, month_start
+from traffic.delta import Warehouse, cluster_key
+
+UTC = timezone.utc
+
+
+def _utc(value):
+    """Timestamps as aware UTC; naive ones come from Spark's collect() in a UTC process (see spark.py)."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return value
+
+
+def rows(table: pa.Table) -> list[dict]:
+    """Arrow rows as dicts with timestamps in plain UTC."""
+    return [{k: _utc(v) for k, v in row.items()} for row in table.to_pylist()]
+
+
+def read_clock_state(warehouse: Warehouse) -> ClockState:
+    clocks = rows(warehouse.table("clocks").read_arrow())
+    if not clocks:
+        return ClockState()
+    return ClockState(
+        clocks={r["source"]: r["clock"] for r in clocks},
+        last_batch={r["source"]: r["last_batch_id"] for r in clocks},
+        watermark=clocks[0]["watermark"],
+        first_hour=clocks[0]["first_hour"],
+    )
+
+
+def clock_table(state: ClockState) -> pa.Table:
+    sources = sorted(state.clocks)
+    return pa.table(
+        {
+            "source": sources,
+            "clock": [state.clocks[s] for s in sources],
+            "last_batch_id": [state.last_batch.get(s) for s in sources],
+            "watermark": [state.watermark] * len(sources),
+            "first_hour": [state.first_hour] * len(sources),
+        }
+    )
+
+
+def state_to_json(state: ClockState) -> dict:
+    return {
+        "clocks": {s: c.isoformat() for s, c in state.clocks.items()},
+        "last_batch": dict(state.last_batch),
+        "watermark": state.watermark.isoformat() if state.watermark else None,
+        "first_hour": state.first_hour.isoformat() if state.first_hour else None,
+    }
+
+
+def state_from_json(doc: dict) -> ClockState:
+    parse = datetime.fromisoformat
+    return ClockState(
+        clocks={s: parse(c) for s, c in doc["clocks"].items()},
+        last_batch={s: int(b) for s, b in doc["last_batch"].items()},
+        watermark=parse(doc["watermark"]) if doc["watermark"] else None,
+        first_hour=parse(doc["first_hour"]) if doc["first_hour"] else None,
+    )
+
+
+def known_files(warehouse: Warehouse) -> list[dict]:
+    """Every file earlier batches recorded, with its batch id."""
+    table = warehouse.table("batches").read_arrow(columns=["batch_id", "files"])
+    known = []
+    for batch_id, files in zip(table.column("batch_id").to_pylist(), table.column("files").to_pylist()):
+        for f in files or []:
+            known.append({**f, "batch_id": batch_id})
+    known.sort(key=lambda k: k["batch_id"])
+    return known
+
+
+def last_batch_id(warehouse: Warehouse) -> int:
+    table = warehouse.table("batches").read_arrow(columns=["batch_id"])
+    value = pc.max(table.column("batch_id")).as_py() if table.num_rows else None
+    return value or 0
+
+
+def watermark_history(warehouse: Warehouse) -> list[tuple[int, datetime]]:
+    """(batch_id, watermark_after) of every batch, in order (for ``closed_at_watermark``)."""
+    table = warehouse.table("batches").read_arrow(columns=["batch_id", "watermark_after"])
+    pairs = [(b, _utc(w)) for b, w in zip(table.column("batch_id").to_pylist(),
+                                         table.column("watermark_after").to_pylist()) if w is not None]
+    return sorted(pairs)
+
+
+def closed_at(history: list[tuple[int, datetime]], period_end: datetime) -> datetime | None:
+    """The watermark of the first batch that reached ``period_end``."""
+    for _, watermark in history:
+        if watermark >= period_end:
+            return watermark
+    return None
+
+
+def read_ledger(warehouse: Warehouse, grain: str | None = None, keys=None, key_min=None, key_max=None) -> list[dict]:
+    """Ledger rows (optionally of one grain, pruned to month keys)."""
+    ledger = rows(warehouse.table("periods").read_arrow(keys=keys, key_min=key_min, key_max=key_max))
+    return [r for r in ledger if grain is None or r["grain"] == grain]
+
+
+def write_ledger_rows(warehouse: Warehouse, changed: list[dict], txn=None, op: str = "ledger") -> bool:
+    """Upsert ledger rows by (grain, period_start): replaces the month files they fall in, atomically."""
+    if not changed:
+        return False
+    table = warehouse.table("periods")
+    keys = sorted({cluster_key(month_start(r["period_start"]), "month") for r in changed})
+    existing = rows(table.read_arrow(keys=keys))
+    merged = {(r["grain"], r["period_start"]): r for r in existing}
+    for r in changed:
+        merged[(r["grain"], r["period_start"])] = r
+    ordered = sorted(merged.values(), key=lambda r: (r["period_start"], r["grain"]))
+    data = pa.Table.from_pylist(ordered, schema=table.arrow_schema)
+    return table.replace(data, keys=keys, txn=txn, op=op)
