@@ -132,9 +132,9 @@ def fragment(offset: int = 0, more: bool = False, ident: int = 7) -> tuple[int, 
     return 44, struct.pack("!BBHI", 0, 0, (offset // 8) << 3 | int(more), ident)
 
 
-def authentication(data_words: int = 3) -> tuple[int, bytes]:
-    """An AH header: its length field counts 4-byte words minus 2."""
-    return 51, bytes([0, data_words + 1, 0, 0]) + struct.pack("!II", 0x100, 1) + bytes(4 * (data_words - 1))
+def authentication(icv_words: int = 3) -> tuple[int, bytes]:
+    """An AH header (12 bytes + the ICV); its length field counts 4-byte words minus 2."""
+    return 51, bytes([0, icv_words + 1, 0, 0]) + struct.pack("!II", 0x100, 1) + bytes(4 * icv_words)
 
 
 # --- link layers --------------------------------------------------------------------------

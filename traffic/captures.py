@@ -43,8 +43,9 @@ What is counted, and the decisions on odd packets:
   no longer inserts the option) unless the next header is 59 (no next header, a genuine
   40-byte packet): the header does not know the length, so the length is taken from the
   packet record's *original* (wire) length minus the link-layer header and any FCS, never
-  less than the IP header itself. A non-zero length field is trusted even when the frame
-  is shorter or longer (Ethernet padding, truncation).
+  less than the IP header itself. Such an IPv4 packet may exceed 65,535 bytes (BIG TCP):
+  it is counted as it is. A non-zero length field is trusted even when the frame is
+  shorter or longer (Ethernet padding, truncation).
 * Non-IP frames (ARP, AoE, TIPC, LLDP, 802.3/LLC, MPLS carrying Ethernet, an Arista
   header of an unknown version, …) are not IP traffic: each is rejected with a reason
   such as "not an IP packet (ethertype 0x88a2)".
@@ -70,6 +71,13 @@ What is counted, and the decisions on odd packets:
 * Reject rows carry ``kind``, ``source``, ``input_file``, ``reason`` and ``record``: the
   frame number (as Wireshark counts it), the byte offset of the frame in the file and a
   hex excerpt of its first 64 bytes; every other column is null.
+* Rows come one per frame, in file order; a problem with the file itself (truncated,
+  corrupt, not a capture) adds one last row whose ``record`` starts "byte offset N:".
+  A pcap record longer than max(snapshot length, 262144) bytes is taken for corruption,
+  as libpcap does; in pcapng, a block whose lengths disagree is.
+
+docs/captures.md explains these choices for operators, with the real captures they were
+checked on.
 """
 
 from __future__ import annotations
@@ -105,6 +113,8 @@ _PCAPNG_IDB = 1
 _PCAPNG_PB = 2  # obsolete packet block: an EPB with a 16-bit interface id
 _PCAPNG_SPB = 3
 _PCAPNG_EPB = 6
+#: Blocks read one at a time (EPBs are checked in bulk), with their smallest valid length.
+_CHECKED_BLOCKS = {_PCAPNG_SHB: 28, _PCAPNG_IDB: 20, _PCAPNG_SPB: 16, _PCAPNG_PB: 32}
 
 #: libpcap refuses records larger than this unless the snapshot length is larger.
 _MAX_RECORD = 262_144
@@ -164,11 +174,16 @@ _R_VERSION = 14
 _R_IP_SHORT = 15
 _R_IHL = 16
 _R_TOTAL_LENGTH = 17
-_R_NEITHER = 18  # text built from the addresses, see _neither_reasons
+_R_NEITHER = 18  # its text is built from the addresses, in _frames_to_table
 
 _REASONS = {
-    _R_SPB: lambda v: "simple packet block has no timestamp: accounting needs the time of each packet",
-    _R_NO_INTERFACE: lambda v: f"packet refers to interface {v}, which no interface description block of its section describes",
+    _R_SPB: lambda v: (
+        "simple packet block has no timestamp: accounting needs the time of each packet"
+    ),
+    _R_NO_INTERFACE: lambda v: (
+        f"packet refers to interface {v}, which no interface description block of its "
+        "section describes"
+    ),
     _R_TS_RANGE: lambda v: "timestamp outside 1970-01-01 .. 9999-12-31",
     _R_LINKTYPE: lambda v: f"unsupported link type {v}",
     _R_LINK_SHORT: lambda v: f"frame cut off inside its link-layer headers ({v} bytes captured)",
@@ -177,7 +192,10 @@ _REASONS = {
     _R_FAMILY: lambda v: f"not an IP packet (loopback address family {v})",
     _R_MPLS: lambda v: f"not an IP packet (MPLS payload starting with 0x{v:02x})",
     _R_PPP: lambda v: f"not an IP packet (PPPoE session, PPP protocol 0x{v:04x})",
-    _R_ARISTA: lambda v: f"unknown Arista vendor header (subtype 0x{v >> 16:04x}, version 0x{v & 0xFFFF:04x}): cannot find the packet inside",
+    _R_ARISTA: lambda v: (
+        f"unknown Arista vendor header (subtype 0x{v >> 16:04x}, version 0x{v & 0xFFFF:04x}): "
+        "cannot find the packet inside"
+    ),
     _R_STACK: lambda v: f"more than {_MAX_LINK_HEADERS} stacked link-layer headers (VLAN/MPLS)",
     _R_NIBBLE: lambda v: f"not an IP packet (version nibble {v} in a raw IP frame)",
     _R_VERSION: lambda v: f"IPv{v >> 4} frame whose IP header says version {v & 15}",
@@ -271,6 +289,7 @@ def _read_frames(data: bytes) -> tuple[_Frames, tuple[str, str] | None]:
 
 
 def _file_problem(data: bytes, offset: int, reason: str) -> tuple[str, str]:
+    """The one (reason, record) for a file that stops being readable at ``offset``."""
     return (
         f"{reason}; the packets before it are kept, the rest of the file is not read",
         f"byte offset {offset}: {_hex(data, offset, len(data) - offset)}",
@@ -278,6 +297,7 @@ def _file_problem(data: bytes, offset: int, reason: str) -> tuple[str, str]:
 
 
 def _read_pcap(data: bytes, order: str, nanos: bool) -> tuple[_Frames, tuple[str, str] | None]:
+    """Frames of a classic libpcap file, up to the first truncated or corrupt record."""
     size = len(data)
     if size < 24:
         return _Frames.empty(), _file_problem(
@@ -362,6 +382,7 @@ class _Section:
 
 
 def _read_pcapng(data: bytes) -> tuple[_Frames, tuple[str, str] | None]:
+    """Frames of a pcapng file (all sections), up to the first truncated or corrupt block."""
     size = len(data)
     sections: list[_Section] = []
     problem = None
@@ -409,10 +430,9 @@ def _read_pcapng(data: bytes) -> tuple[_Frames, tuple[str, str] | None]:
             break
         if block_type == _PCAPNG_EPB:
             section.epb.append(offset)
-        elif block_type == _PCAPNG_IDB or block_type == _PCAPNG_SHB or block_type == _PCAPNG_SPB or block_type == _PCAPNG_PB:
+        elif block_type in _CHECKED_BLOCKS:
             (trailer,) = struct.unpack_from(section.order + "I", data, offset + length - 4)
-            minimum = {_PCAPNG_SHB: 28, _PCAPNG_IDB: 20, _PCAPNG_SPB: 16, _PCAPNG_PB: 32}[block_type]
-            if trailer != length or length < minimum:
+            if trailer != length or length < _CHECKED_BLOCKS[block_type]:
                 problem = _file_problem(
                     data, offset, f"corrupt capture: block at byte offset {offset} (type {block_type}) "
                     f"has inconsistent lengths ({length} and {trailer})"
@@ -547,6 +567,8 @@ def _to_microseconds(raw: np.ndarray, tsresol: int, tsoffset: int) -> tuple[np.n
         factor = 10 ** (6 - exponent)
         ok = raw <= np.uint64(_MAX_TS_US // factor)
         us = np.where(ok, raw, 0).astype(np.int64) * factor
+    if abs(tsoffset) > _MAX_TS_US // 1_000_000:  # no time plus this offset is in range
+        return np.zeros(len(raw), np.int64), np.zeros(len(raw), bool)
     us = us + tsoffset * 1_000_000
     ok = ok & (us >= 0) & (us <= _MAX_TS_US)
     return us, ok
@@ -558,16 +580,25 @@ def _to_microseconds(raw: np.ndarray, tsresol: int, tsoffset: int) -> tuple[np.n
 def _gather(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
     """``width`` bytes at each position, as a C-contiguous (n, width) uint8 array.
 
-    Positions too close to the end read the file's last ``width`` bytes instead: callers
-    mask what was not captured.
+    Bytes past the end of ``buf`` read as 0 (callers mask what was not captured); negative
+    positions read from 0.
     """
-    if len(buf) < width:
-        buf = np.concatenate([buf, np.zeros(width - len(buf), np.uint8)])
-    windows = np.lib.stride_tricks.sliding_window_view(buf, width)
-    return windows[np.clip(pos, 0, len(buf) - width)]
+    size = len(buf)
+    pos = np.maximum(pos, 0)
+    if size < width:
+        buf = np.concatenate([buf, np.zeros(width - size, np.uint8)])
+        size = width
+    near_end = pos > size - width
+    result = np.lib.stride_tricks.sliding_window_view(buf, width)[np.minimum(pos, size - width)]
+    if near_end.any():
+        tail = np.concatenate([buf[size - width :], np.zeros(width, np.uint8)])
+        start = np.minimum(pos[near_end], size) - (size - width)
+        result[near_end] = np.lib.stride_tricks.sliding_window_view(tail, width)[start]
+    return result
 
 
 def _u8(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The byte at each position (clamped into the file: callers mask what was not captured)."""
     if not len(buf):
         return np.zeros(len(pos), np.int64)
     return buf[np.clip(pos, 0, len(buf) - 1)].astype(np.int64)
@@ -590,8 +621,9 @@ class _Decoded:
     """What the IP headers say, one entry per frame (valid where ``code == _OK``)."""
 
     family: np.ndarray  # 4 or 6
-    src: np.ndarray  # (n, 16) uint8, IPv4 in the last four bytes
-    dst: np.ndarray
+    #: (2n, 17) uint8: family, then the address (IPv4 in the last four bytes); sources in
+    #: the first n rows, destinations in the next n
+    addresses: np.ndarray
     protocol: np.ndarray  # -1 = unknown
     src_port: np.ndarray  # -1 = none
     dst_port: np.ndarray
@@ -640,20 +672,23 @@ def _decode(buf: np.ndarray, f: _Frames) -> _Decoded:
     l3[typed] = here[typed]
 
     # Loopback: an address family instead of an ethertype.
-    null = (f.linktype == _LT_NULL) & (code == _OK)
-    loop = (f.linktype == _LT_LOOP) & (code == _OK)
-    looped = null | loop
+    looped = np.isin(f.linktype, (_LT_NULL, _LT_LOOP)) & (code == _OK)
     _reject(code, value, looped & (f.cap < 4), _R_LINK_SHORT, f.cap)
     looped &= code == _OK
-    family = np.where(loop, _be32(buf, f.pos), 0)
-    host = _le32(buf, f.pos)
-    # written in the capturing host's byte order: a family that does not fit 16 bits is swapped
-    host = np.where(host > 0xFFFF, _be32(buf, f.pos), host)
-    family = np.where(null, host, family)
-    want[looped & (family == 2)] = 4
-    want[looped & np.isin(family, _AF_INET6)] = 6
-    _reject(code, value, looped & (want == 0), _R_FAMILY, family)
-    l3[looped] = f.pos[looped] + 4
+    rows = np.flatnonzero(looped)
+    if len(rows):
+        big_endian = _be32(buf, f.pos[rows])
+        # LOOP is big-endian; NULL is in the writing host's byte order, which a family
+        # too large for 16 bits betrays
+        family = np.where(
+            (f.linktype[rows] == _LT_LOOP) | (big_endian <= 0xFFFF), big_endian, _le32(buf, f.pos[rows])
+        )
+        want[rows[family == 2]] = 4
+        want[rows[np.isin(family, _AF_INET6)]] = 6
+        not_ip = rows[want[rows] == 0]
+        code[not_ip] = _R_FAMILY
+        value[not_ip] = family[want[rows] == 0]
+        l3[rows] = f.pos[rows] + 4
 
     # Raw IP.
     raw = np.isin(f.linktype, (*_LT_RAW, _LT_IPV4, _LT_IPV6)) & (code == _OK)
@@ -676,8 +711,7 @@ def _decode(buf: np.ndarray, f: _Frames) -> _Decoded:
 
     d = _Decoded(
         family=family,
-        src=np.zeros((n, 16), np.uint8),
-        dst=np.zeros((n, 16), np.uint8),
+        addresses=np.zeros((2 * n, 17), np.uint8),
         protocol=np.full(n, -1, np.int64),
         src_port=np.full(n, -1, np.int64),
         dst_port=np.full(n, -1, np.int64),
@@ -770,8 +804,11 @@ def _decode_ipv4(buf, rows, l3, end, wire_ip, d: _Decoded, code, value) -> None:
     fragment_offset = ((fixed[:, 6].astype(np.int64) & 0x1F) << 8) | fixed[:, 7]
     protocol = fixed[:, 9].astype(np.int64)
     d.protocol[rows] = protocol
-    d.src[rows, 12:] = fixed[:, 12:16]
-    d.dst[rows, 12:] = fixed[:, 16:20]
+    n = len(d.family)
+    d.addresses[rows, 0] = 4
+    d.addresses[rows, 13:] = fixed[:, 12:16]
+    d.addresses[n + rows, 0] = 4
+    d.addresses[n + rows, 13:] = fixed[:, 16:20]
     ported = np.isin(protocol, _PORT_PROTOCOLS) & (fragment_offset == 0) & (header + 4 <= captured)
     _set_ports(buf, rows, l3 + header, ported, d)
 
@@ -785,8 +822,11 @@ def _decode_ipv6(buf, rows, l3, end, wire_ip, d: _Decoded, code, value) -> None:
     fixed = _gather(buf, l3, 40)
     payload = (fixed[:, 4].astype(np.int64) << 8) | fixed[:, 5]
     first = fixed[:, 6].astype(np.int64)
-    d.src[rows] = fixed[:, 8:24]
-    d.dst[rows] = fixed[:, 24:40]
+    n = len(d.family)
+    d.addresses[rows, 0] = 6
+    d.addresses[rows, 1:] = fixed[:, 8:24]
+    d.addresses[n + rows, 0] = 6
+    d.addresses[n + rows, 1:] = fixed[:, 24:40]
 
     length = payload + 40
     unknown = np.flatnonzero(~short & (payload == 0) & (first != 59))
@@ -848,6 +888,7 @@ def _jumbo_payload(buf: np.ndarray, l3: int, end: int) -> int | None:
 
 
 def _set_ports(buf, rows, at, ported, d: _Decoded) -> None:
+    """Source and destination ports from the transport header at ``at``, where ``ported``."""
     picked = rows[ported]
     ports = _gather(buf, at[ported], 4).astype(np.int64)
     d.src_port[picked] = (ports[:, 0] << 8) | ports[:, 1]
@@ -864,6 +905,7 @@ class _Networks:
 
 
 def _parse_networks(local_networks: list[str]) -> _Networks:
+    """CIDR strings → integer (network, mask) pairs per family; a bad entry is a ValueError."""
     if isinstance(local_networks, str):
         raise TypeError("local_networks must be a list of CIDR strings, not one string")
     networks = _Networks([], [])
@@ -895,10 +937,13 @@ def _addresses(keys: np.ndarray, networks: _Networks) -> tuple[np.ndarray, pa.Ar
     for row in distinct.tolist():
         if row[0] == 4:
             texts.append("%d.%d.%d.%d" % tuple(row[13:]))
-        else:
+        elif row[0] == 6:
             texts.append(str(ipaddress.IPv6Address(bytes(row[1:]))))
+        else:  # a frame that is no IP packet: never looked at
+            texts.append("")
     local = np.zeros(len(distinct), bool)
     is_v4 = distinct[:, 0] == 4
+    is_v6 = distinct[:, 0] == 6
     if networks.v4:
         value = np.ascontiguousarray(distinct[:, 13:]).view(">u4").reshape(-1).astype(np.uint64)
         for address, mask in networks.v4:
@@ -907,7 +952,7 @@ def _addresses(keys: np.ndarray, networks: _Networks) -> tuple[np.ndarray, pa.Ar
         halves = np.ascontiguousarray(distinct[:, 1:]).view(">u8").reshape(-1, 2).astype(np.uint64)
         high, low = halves[:, 0], halves[:, 1]
         for net_high, net_low, mask_high, mask_low in networks.v6:
-            local |= ~is_v4 & (
+            local |= is_v6 & (
                 ((high & np.uint64(mask_high)) == np.uint64(net_high))
                 & ((low & np.uint64(mask_low)) == np.uint64(net_low))
             )
@@ -917,6 +962,7 @@ def _addresses(keys: np.ndarray, networks: _Networks) -> tuple[np.ndarray, pa.Ar
 def _frames_to_table(
     data, frames: _Frames, networks: _Networks, keep_transit: bool, source: str, input_file: str
 ) -> pa.Table:
+    """Decode, orient and judge every frame: one ``PARSED_SCHEMA`` row per frame, in order."""
     n = len(frames.pos)
     if n == 0:
         return PARSED_SCHEMA.empty_table()
@@ -926,13 +972,8 @@ def _frames_to_table(
 
     ip = np.flatnonzero(code == _OK)
     k = len(ip)
-    keys = np.empty((2 * k, 17), np.uint8)
-    keys[:k, 0] = d.family[ip]
-    keys[:k, 1:] = d.src[ip]
-    keys[k:, 0] = d.family[ip]
-    keys[k:, 1:] = d.dst[ip]
-    index, texts, local = _addresses(keys, networks)
-    src, dst = index[:k], index[k:]
+    index, texts, local = _addresses(d.addresses, networks)
+    src, dst = index[:n][ip], index[n:][ip]
     src_local, dst_local = local[src], local[dst]
     neither = ~src_local & ~dst_local
     if not keep_transit:
@@ -945,7 +986,8 @@ def _frames_to_table(
     ok = code == _OK
     null = ~ok
 
-    def column(values_at_ip: np.ndarray, dtype, missing: np.ndarray | None = None) -> np.ndarray:
+    def column(values_at_ip: np.ndarray, dtype) -> np.ndarray:
+        """Spread values of the IP frames over all frames (the others are masked later)."""
         full = np.zeros(n, dtype)
         full[ip] = values_at_ip
         return full
@@ -977,10 +1019,8 @@ def _frames_to_table(
             pa.array(np.argsort(order, kind="stable"))
         )
     records = _frame_excerpts(buf, rejected, frames.pos[rejected], frames.cap[rejected])
-    which = np.zeros(n, np.int64)
-    which[rejected] = np.arange(len(rejected))
-    reason = reasons.take(pa.array(which, mask=ok))
-    record = records.take(pa.array(which, mask=ok))
+    reason = _spread(reasons, rejected, n)
+    record = _spread(records, rejected, n)
 
     columns = {
         "kind": pa.array([PACKET, REJECT], pa.string()).take(pa.array(null.astype(np.int8))),
@@ -1016,35 +1056,13 @@ def _coded_reasons(code: np.ndarray, value: np.ndarray) -> pa.Array:
 def _frame_excerpts(buf: np.ndarray, rows: np.ndarray, pos: np.ndarray, cap: np.ndarray) -> pa.Array:
     """"frame N at byte offset P: <hex of the first 64 captured bytes>[…]" for each row, in bulk."""
     shown = np.clip(np.minimum(cap, len(buf) - pos), 0, _EXCERPT)
-    excerpt = _gather(buf, pos, _EXCERPT)
-    digits = np.empty((len(rows), _EXCERPT, 2), np.uint8)
-    digits[:, :, 0] = excerpt >> 4
-    digits[:, :, 1] = excerpt & 0x0F
-    # nibble → ASCII, eight at a time: bytes holding 10..15 get bit 7 set by adding 0x76
-    words = digits.reshape(-1).view(np.uint64)
-    letters = ((words + np.uint64(0x7676767676767676)) & np.uint64(0x8080808080808080)) >> np.uint64(7)
-    words += np.uint64(0x3030303030303030) + letters * np.uint64(ord("a") - ord("0") - 10)
-    digits = digits.reshape(len(rows), 2 * _EXCERPT)
-    # whole excerpts share one stride; only the short ones need their bytes picked out
-    whole = shown == _EXCERPT
-    width = 2 * _EXCERPT
-    full = pa.StringArray.from_buffers(
-        int(whole.sum()),
-        pa.py_buffer(np.arange(whole.sum() + 1, dtype=np.int32) * width),
-        pa.py_buffer(np.ascontiguousarray(digits[whole])),
+    # in slices, so the temporary arrays stay small
+    hex_text = pa.concat_arrays(
+        [
+            _hex_excerpts(buf, pos[i : i + _HEX_SLICE], shown[i : i + _HEX_SLICE])
+            for i in range(0, max(len(rows), 1), _HEX_SLICE)
+        ]
     )
-    cut_digits = digits[~whole]
-    cut_shown = shown[~whole]
-    cut = pa.StringArray.from_buffers(
-        len(cut_shown),
-        pa.py_buffer(np.concatenate([[0], np.cumsum(2 * cut_shown)]).astype(np.int32)),
-        pa.py_buffer(np.ascontiguousarray(cut_digits[np.arange(width) < 2 * cut_shown[:, None]])),
-    )
-    where = np.empty(len(rows), np.int64)
-    where[whole] = np.arange(len(full))
-    where[~whole] = len(full) + np.arange(len(cut))
-    hex_text = pa.concat_arrays([full, cut]).take(pa.array(where))
-    more = pa.array(cap > _EXCERPT)
     return pc.binary_join_element_wise(
         "frame ",
         pa.array(rows + 1).cast(pa.string()),
@@ -1052,8 +1070,54 @@ def _frame_excerpts(buf: np.ndarray, rows: np.ndarray, pos: np.ndarray, cap: np.
         pa.array(pos).cast(pa.string()),
         ": ",
         hex_text,
-        pc.if_else(more, "…", ""),
+        pc.if_else(pa.array(cap > _EXCERPT), "…", ""),
         "",
+    )
+
+
+_HEX_SLICE = 65_536
+
+
+def _hex_excerpts(buf: np.ndarray, pos: np.ndarray, shown: np.ndarray) -> pa.Array:
+    """Lower-case hex of ``shown`` bytes at each position."""
+    width = 2 * _EXCERPT
+    excerpt = _gather(buf, pos, _EXCERPT)
+    digits = np.empty((len(pos), _EXCERPT, 2), np.uint8)
+    digits[:, :, 0] = excerpt >> 4
+    digits[:, :, 1] = excerpt & 0x0F
+    # nibble → ASCII, eight at a time: bytes holding 10..15 get bit 7 set by adding 0x76
+    words = digits.reshape(-1).view(np.uint64)
+    letters = ((words + np.uint64(0x7676767676767676)) & np.uint64(0x8080808080808080)) >> np.uint64(7)
+    words += np.uint64(0x3030303030303030) + letters * np.uint64(ord("a") - ord("0") - 10)
+    digits = digits.reshape(len(pos), width)
+    if (shown == _EXCERPT).all():  # the usual case: one stride for all
+        offsets, text = np.arange(len(pos) + 1, dtype=np.int32) * width, digits
+    else:
+        offsets = np.concatenate([[0], np.cumsum(2 * shown)]).astype(np.int32)
+        text = digits[np.arange(width) < 2 * shown[:, None]]
+    return pa.StringArray.from_buffers(
+        len(pos), pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(text))
+    )
+
+
+def _spread(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
+    """Strings of ``rows`` (in order) as a column of ``n`` rows, null elsewhere, text not copied."""
+    values = values.cast(pa.string())
+    if values.null_count:
+        which = np.zeros(n, np.int64)
+        which[rows] = np.arange(len(rows))
+        present = np.zeros(n, bool)
+        present[rows] = True
+        return values.take(pa.array(which, mask=~present))
+    offsets = np.frombuffer(values.buffers()[1], np.int32, count=len(values) + 1, offset=values.offset * 4)
+    lengths = np.zeros(n, np.int64)
+    lengths[rows] = np.diff(offsets)
+    spread = np.concatenate([[0], np.cumsum(lengths)]) + offsets[0]
+    present = np.zeros(n, bool)
+    present[rows] = True
+    validity = np.packbits(present, bitorder="little")
+    return pa.StringArray.from_buffers(
+        n, pa.py_buffer(spread.astype(np.int32)), values.buffers()[2], pa.py_buffer(validity), n - len(rows)
     )
 
 
@@ -1065,6 +1129,7 @@ def _hex(data, offset: int, available: int) -> str:
 
 
 def _reject_table(reason: str, record: str, source: str, input_file: str) -> pa.Table:
+    """One reject row about the file itself."""
     row = {field.name: [None] for field in PARSED_SCHEMA}
     row.update(kind=[REJECT], source=[source], input_file=[input_file], reason=[reason], record=[record])
     return pa.Table.from_pydict(row, schema=PARSED_SCHEMA)

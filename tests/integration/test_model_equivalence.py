@@ -1,0 +1,118 @@
+"""Property tests: random streams through the Spark pipeline and the reference model, table for table.
+
+Several sources, random batch splits, ticks, records arriving late, bad records, far-future
+and far-past times; closes at random points. Every table the pipeline writes must equal the
+model's row for row, and the contract's invariants must hold.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.harness import Harness, feed_line, model_tables, tick_line
+from tests.model.reference import ModelSettings, ReferenceModel
+
+UTC = timezone.utc
+BASE = datetime(2026, 10, 31, 20, tzinfo=UTC)
+NOW = datetime(2026, 11, 3, tzinfo=UTC)
+LOCALS = ["10.0.0.1", "10.0.0.2", "2001:db8::1"]
+REMOTES = {4: ["192.0.2.1", "198.51.100.9"], 6: ["2001:db8:ffff::2"]}
+BAD = ["new,OP_INSERT,xyz,10.0.0.1,192.0.2.1,1,2,3", "new,OP_UPDATE,1,10.0.0.1,192.0.2.1,1,2,3",
+       "new,OP_INSERT,1793500000000000,10.0.0.1,192.0.2.1,1,2,-7", "garbage", "new,OP_INSERT,1,2,3"]
+
+
+WINDOW = timedelta(hours=6)
+
+
+@st.composite
+def record(draw, batch: int):
+    """A record of batch ``batch``: mostly in its 6-hour window, some up to 3 hours before it (stragglers)."""
+    kind = draw(st.sampled_from(["packet"] * 8 + ["tick", "tick", "bad", "future", "ancient"]))
+    offset = timedelta(minutes=draw(st.integers(-180, 6 * 60)), microseconds=draw(st.integers(0, 999_999)))
+    ts = BASE + WINDOW * batch + offset
+    if kind == "tick":
+        return tick_line(ts)
+    if kind == "bad":
+        return draw(st.sampled_from(BAD))
+    if kind == "future":
+        return feed_line(NOW + timedelta(days=3))
+    if kind == "ancient":
+        return feed_line(BASE - timedelta(days=45))
+    local = draw(st.sampled_from(LOCALS))
+    remote = draw(st.sampled_from(REMOTES[6 if ":" in local else 4]))
+    return feed_line(ts, local, remote, draw(st.integers(0, 65535)), draw(st.integers(0, 65535)),
+                     draw(st.integers(0, 1500)))
+
+
+@st.composite
+def stream(draw):
+    """Batches of files per source, roughly moving forward in time with random stragglers."""
+    n_batches = draw(st.integers(3, 6))
+    batches = []
+    for index in range(n_batches):
+        files = []
+        for source in draw(st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=2, unique=True)):
+            lines = draw(st.lists(record(index), min_size=1, max_size=25))
+            files.append((source, "\n".join(lines) + "\n"))
+        batches.append((files, draw(st.booleans())))
+    lateness = draw(st.sampled_from([0, 600]))
+    keep = draw(st.sampled_from([2, 24]))
+    return batches, lateness, keep
+
+
+@pytest.mark.slow
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(stream())
+def test_pipeline_equals_reference_model(spark, data):
+    batches, lateness, keep = data
+    model = ReferenceModel(ModelSettings(keep_hours=keep, allowed_lateness=timedelta(seconds=lateness),
+                                         max_history=timedelta(days=30)))
+    with tempfile.TemporaryDirectory() as tmp:
+        harness = Harness(Path(tmp), spark, keep_hours=keep, allowed_lateness=lateness, max_history="30d",
+                          now=NOW.isoformat())
+        for files, close_now in batches:
+            for source, text in files:
+                harness.deliver(source, text)
+            model.ingest(files, NOW)
+            harness.ingest()
+            if close_now:
+                model.close()
+                harness.close()
+            assert_same(harness, model)
+        model.close()
+        harness.close()
+        assert_same(harness, model)
+        assert_invariants(harness)
+
+
+def assert_same(harness: Harness, model: ReferenceModel) -> None:
+    ours, theirs = harness.tables(), model_tables(model)
+    for name in theirs:
+        assert ours[name] == theirs[name], f"table {name} differs:\n ours  ={ours[name]}\n model ={theirs[name]}"
+
+
+def assert_invariants(harness: Harness) -> None:
+    """Conservation, daily = Σ final hourly, monthly = Σ daily, nothing expired that should stay."""
+    batches = harness.table("batches")
+    accepted = sum(b["bytes_on_time"] + b["bytes_late"] for b in batches)
+    hourly = harness.table("hourly")
+    late = harness.table("late_packets")
+    assert accepted == sum(r["bytes"] for r in hourly) + sum(r["bytes"] for r in late)
+    periods = harness.table("periods")
+    for p in periods:
+        if p["grain"] == "day":
+            day = p["period_start"].date()
+            final = [r for r in hourly if r["day"] == day]
+            assert all(r["status"] == "final" for r in final)
+            assert p["bytes"] == sum(r["bytes"] for r in final)
+            assert p["bytes"] == sum(r["bytes"] for r in harness.table("daily") if r["day"] == day)
+        if p["grain"] == "month":
+            month = p["period_start"].date()
+            assert p["bytes"] == sum(r["bytes"] for r in harness.table("daily") if r["month"] == month)
+            assert p["bytes"] == sum(r["bytes"] for r in harness.table("monthly") if r["month"] == month)
