@@ -84,21 +84,47 @@ class DataFile:
     rows: int | None
 
 
+class SimulatedCrash(BaseException):
+    """Raised at a fault point in ``raise`` mode: nothing after the step runs, like a kill."""
+
+
+#: Every step reached in this process, in order (the crash tests enumerate kill points from it).
+STEPS_REACHED: list[str] = []
+
+
 class FaultInjector:
-    """Kills the process (SIGKILL) when a named step is reached: ``name`` or ``name#n`` (n-th time)."""
+    """Stops the process at a named step: ``name``, ``name#n`` (n-th time), ``…!raise`` (in-process).
+
+    By default the process SIGKILLs itself; ``!raise`` raises ``SimulatedCrash`` instead, which
+    leaves the same files and commits on disk and lets tests check every point quickly.
+    """
 
     def __init__(self, spec: str | None):
-        self.name, _, nth = (spec or "").partition("#")
+        spec, _, mode = (spec or "").partition("!")
+        self.name, _, nth = spec.partition("#")
         self.nth = int(nth) if nth else 1
+        self.mode = mode or "kill"
         self.seen = 0
-        self.steps: list[str] = []
 
     def reached(self, step: str) -> None:
-        self.steps.append(step)
+        STEPS_REACHED.append(step)
         if step == self.name:
             self.seen += 1
             if self.seen == self.nth:
+                if self.mode == "raise":
+                    raise SimulatedCrash(step)
                 os.kill(os.getpid(), signal.SIGKILL)
+
+
+_INJECTORS: dict[tuple[str | None, int], FaultInjector] = {}
+
+
+def _injector(settings: Settings) -> FaultInjector:
+    """One injector per settings object, so ``name#n`` counts across every job run with them."""
+    key = (settings.fault_at, id(settings))
+    if key not in _INJECTORS:
+        _INJECTORS[key] = FaultInjector(settings.fault_at)
+    return _INJECTORS[key]
 
 
 class Warehouse:
@@ -109,7 +135,7 @@ class Warehouse:
         self.root = Path(settings.warehouse)
         self.spark = spark
         self.engine = engine or choose_engine(settings)
-        self.faults = FaultInjector(settings.fault_at)
+        self.faults = _injector(settings)
         if self.engine == "spark" and spark is None:
             raise StorageError("the spark engine needs a SparkSession")
 
