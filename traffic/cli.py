@@ -134,7 +134,8 @@ def _until(args):
 def cmd_close(args, settings, spark) -> int:
     from traffic.close import close
 
-    result = close(settings, spark, _until(args), _progress)
+    only = tuple(step.strip() for step in args.only.split(",")) if args.only else None
+    result = close(settings, spark, _until(args), _progress, only=only)
     print_close(result)
     return EXIT_CHECK if result.failed else 0
 
@@ -178,6 +179,26 @@ def cmd_show(args, settings, spark) -> int:
     return 0
 
 
+def cmd_replay(args, settings, spark) -> int:
+    from traffic.replay import replay
+    from traffic.settings import SettingsError, _parse_now
+
+    if args.restate and not args.reason:
+        raise SettingsError("--restate needs --reason (it is recorded in the ledger)")
+    start, end = _parse_now("--from", args.__dict__["from"]), _parse_now("--to", args.to)
+    batch, closed = replay(settings, spark, Path(args.input), start, end, args.source,
+                           args.reason if args.restate else None, _progress)
+    if batch.nothing_to_do:
+        print(f"replay: every file in {args.input} was already counted for this range")
+    else:
+        print_batch(batch)
+        if batch.records_skipped:
+            print(f"        {batch.records_skipped:,} record(s) outside {start:%Y-%m-%d %H:%M} → {end:%Y-%m-%d %H:%M} "
+                  "were not counted")
+    print_close(closed)
+    return EXIT_CHECK if closed.failed else 0
+
+
 def cmd_demo(args, settings, spark) -> int:
     from traffic.demo import run_demo
 
@@ -198,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("ingest", parents=[common], help="ingest what is new in the inbox (one micro-batch)")
     close = sub.add_parser("close", parents=[common], help="freeze closed hours, roll up days/months, expire")
     close.add_argument("--until", help="stop at this hour (ISO time): freeze hours ending by then")
+    close.add_argument("--only", help="comma-separated steps to run: freeze, days, months, expire (default all)")
     run = sub.add_parser("run", parents=[common], help="ingest then close: one tick")
     run.add_argument("--until", help="as for close")
     status = sub.add_parser("status", parents=[common], help="watermark, clocks, open hours, last closed periods")
@@ -207,13 +229,21 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--from", help="first period (ISO date or time)")
     show.add_argument("--to", help="end of the range, exclusive (ISO date or time)")
     show.add_argument("--top", type=int, default=20, help="rows to print (largest by bytes first)")
+    replay = sub.add_parser("replay", parents=[common],
+                            help="import archived files for a time range (or restate a frozen range), then close")
+    replay.add_argument("--from", required=True, help="start of the range (ISO time, inclusive)")
+    replay.add_argument("--to", required=True, help="end of the range (ISO time, exclusive)")
+    replay.add_argument("--input", required=True, help="folder of archived files (sub-folder = source)")
+    replay.add_argument("--source", help="source of every file (default: sub-folder name, else 'default')")
+    replay.add_argument("--restate", action="store_true", help="replace the frozen range from the archive (audited)")
+    replay.add_argument("--reason", help="why the range is restated (required with --restate)")
     demo = sub.add_parser("demo", parents=[common], help="generate sample traffic and run the whole pipeline on it")
     demo.add_argument("--dir", default="demo", help="folder for the demo's inbox and warehouse (default ./demo)")
     return parser
 
 
 COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": cmd_status,
-            "show": cmd_show, "demo": cmd_demo}
+            "show": cmd_show, "replay": cmd_replay, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None, spark=None) -> int:

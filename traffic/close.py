@@ -21,7 +21,7 @@ from traffic import state as st
 from traffic.clock import DAY, HOUR, PANE, closed_hours, day_start, hour_floor, month_start, next_month
 from traffic.delta import Warehouse, cluster_key
 from traffic.ingest import finish_pending
-from traffic.settings import Settings
+from traffic.settings import Settings, SettingsError
 
 UTC = timezone.utc
 PUBLISHED = ("passed", "warning", "accepted")
@@ -106,21 +106,53 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
     return plan
 
 
+STEPS = ("freeze", "days", "months", "expire")
+
+
+def restrict(plan: ClosePlan, only: tuple[str, ...] | None) -> ClosePlan:
+    """Keep only some steps of a plan (a scheduler runs them as separate, visible tasks)."""
+    if not only:
+        return plan
+    unknown = set(only) - set(STEPS)
+    if unknown:
+        raise SettingsError(f"--only: unknown close step(s) {sorted(unknown)}; steps are {', '.join(STEPS)}")
+    if "freeze" not in only and plan.hours:
+        # Days/months may only count hours that are frozen already, not ones this plan would freeze.
+        first_unfrozen = plan.hours[0]
+        plan.days = [d for d in plan.days if day_start(d) + DAY <= first_unfrozen]
+        plan.months = [m for m in plan.months if next_month(m) <= first_unfrozen]
+    return ClosePlan(
+        hours=plan.hours if "freeze" in only else [],
+        days=plan.days if "days" in only else [],
+        months=plan.months if "months" in only else [],
+        expire_packets=plan.expire_packets if "expire" in only else [],
+        expire_other=plan.expire_other if "expire" in only else {},
+    )
+
+
 def close(settings: Settings, spark_factory: Callable[[], object], until: datetime | None = None,
-          progress=print) -> CloseResult:
-    """Freeze, roll up and expire everything the watermark allows (up to ``until``). Holds the lock."""
+          progress=print, only: tuple[str, ...] | None = None) -> CloseResult:
+    """Freeze, roll up and expire everything the watermark allows (up to ``until``). Holds the lock.
+
+    ``only`` limits the run to some of ``STEPS``; days and months are still only rolled up
+    once all their hours are frozen and published, so running steps separately is safe.
+    """
     warehouse = Warehouse(settings)
-    warehouse.root.mkdir(parents=True, exist_ok=True)
     with inbox_mod.warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic close"):
         warehouse.create_all()
         finish_pending(settings, warehouse, spark_factory, progress)
-        plan = plan_close(settings, warehouse, until)
-        result = CloseResult(watermark=st.read_clock_state(warehouse).watermark)
-        if plan.empty:
-            return result
-        warehouse = Warehouse(settings, spark=spark_factory())
-        execute_close(warehouse, plan, result, progress)
+        return close_locked(settings, warehouse, spark_factory, until, progress, only)
+
+
+def close_locked(settings: Settings, warehouse: Warehouse, spark_factory, until: datetime | None,
+                 progress=print, only: tuple[str, ...] | None = None) -> CloseResult:
+    """The body of ``close`` for a caller that already holds the warehouse lock (replay)."""
+    plan = restrict(plan_close(settings, warehouse, until), only)
+    result = CloseResult(watermark=st.read_clock_state(warehouse).watermark)
+    if plan.empty:
         return result
+    execute_close(Warehouse(settings, spark=spark_factory()), plan, result, progress)
+    return result
 
 
 def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, progress=print) -> None:
@@ -241,7 +273,7 @@ def _children_summary(ledger_rows: list[dict]) -> dict:
     }
 
 
-def roll_up_day(warehouse: Warehouse, day: date) -> None:
+def roll_up_day(warehouse: Warehouse, day: date, restated: str | None = None) -> None:
     """``daily`` for one closed day from its final hourly rows, then its ledger row."""
     from pyspark.sql import functions as F
 
@@ -262,11 +294,11 @@ def roll_up_day(warehouse: Warehouse, day: date) -> None:
         **_children_summary(hours),
         "sources_reporting": _sources_between(warehouse, max(start, min(r["period_start"] for r in hours)), start + DAY),
         "closed_at_watermark": st.closed_at(st.watermark_history(warehouse), start + DAY),
-        "dq_status": "passed", "restated": None, "dq_note": None,
+        "dq_status": "passed", "restated": restated, "dq_note": None,
     }], op="roll_up")
 
 
-def roll_up_month(warehouse: Warehouse, month: datetime) -> None:
+def roll_up_month(warehouse: Warehouse, month: datetime, restated: str | None = None) -> None:
     """``monthly`` for one closed month from its ``daily`` rows, then its ledger row."""
     from pyspark.sql import functions as F
 
@@ -286,7 +318,7 @@ def roll_up_month(warehouse: Warehouse, month: datetime) -> None:
         **_children_summary(days),
         "sources_reporting": _sources_between(warehouse, max(month, min(r["period_start"] for r in days)), end),
         "closed_at_watermark": st.closed_at(st.watermark_history(warehouse), end),
-        "dq_status": "passed", "restated": None, "dq_note": None,
+        "dq_status": "passed", "restated": restated, "dq_note": None,
     }], op="roll_up")
 
 

@@ -152,7 +152,10 @@ class Warehouse:
     def state_dir(self) -> Path:
         """Where the pipeline keeps its journal and lock (not a table)."""
         path = self.root / "_traffic"
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StorageError(f"warehouse {self.root} cannot be used: {error.strerror or error}") from None
         return path
 
     def exists(self) -> bool:
@@ -304,6 +307,47 @@ class RsTable(Table):
     def delete_keys(self, keys: Iterable[str | None], txn: tuple[str, int] | None = None, op: str = "delete") -> bool:
         """Remove every row of these cluster keys in one commit."""
         return self._commit(None, remove_keys=set(self._check_keys(keys)), txn=txn, op=op)
+
+    def delete_where(self, conditions: list[tuple[str, str, Any]], keys=None, txn=None, op: str = "delete") -> int:
+        """Delete rows matching every ``(column, op, value)`` condition (ops: ``< <= = != >= >``).
+
+        Only files that hold matching rows are rewritten (under the same cluster key), in one
+        commit; returns the number of rows deleted.
+        """
+        from deltalake import CommitProperties, Transaction
+        from deltalake._internal import RemoveAction
+
+        dt = self._delta()
+        if txn is not None:
+            done = dt.transaction_version(txn[0])
+            if done is not None and done >= txn[1]:
+                return 0
+        predicate = _arrow_predicate(conditions)
+        folder = self.path / f"d{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+        removes, deleted, now_ms = [], 0, int(time.time() * 1000)
+        for f in self.files(keys=keys, dt=dt):
+            rows = pq.read_table(self.path / f.path, schema=self.arrow_schema)
+            keep = rows.filter(~predicate)
+            if keep.num_rows == rows.num_rows:
+                continue
+            deleted += rows.num_rows - keep.num_rows
+            removes.append(RemoveAction(f.path, True, now_ms, f.size, {}))
+            if keep.num_rows:
+                target = folder / (f"k={f.key if f.key is not None else _NULL_KEY}" if self.cluster else "")
+                target.mkdir(parents=True, exist_ok=True)
+                pq.write_table(keep, target / f"part-{len(removes):05d}.parquet")
+        if not removes:
+            return 0
+        adds = [a for a, _ in self._add_actions(folder)]
+        self.step(f"{self.name}.{op}.files_written")
+        dt.create_write_transaction(adds + removes, mode="append", schema=self.arrow_schema, commit_properties=(
+            CommitProperties(app_transactions=[Transaction(txn[0], txn[1])] if txn else None,
+                             custom_metadata={"traffic.op": op})))
+        self.step(f"{self.name}.{op}.committed")
+        return deleted
+
+    def step(self, name: str) -> None:
+        self.warehouse.step(name)
 
     def _commit(self, data, remove_keys, txn, op) -> bool:
         from deltalake import CommitProperties, Transaction
@@ -458,6 +502,30 @@ class RsTable(Table):
         self._delta().cleanup_metadata()
 
 
+_OPS = {"<": "__lt__", "<=": "__le__", "=": "__eq__", "!=": "__ne__", ">=": "__ge__", ">": "__gt__"}
+
+
+def _arrow_predicate(conditions: list[tuple[str, str, Any]]):
+    if not conditions:
+        raise StorageError("delete_where needs at least one condition (use delete_keys to drop partitions)")
+    expression = None
+    for column, op, value in conditions:
+        if op not in _OPS:
+            raise StorageError(f"unsupported condition operator {op!r}")
+        term = getattr(pads.field(column), _OPS[op])(value)
+        expression = term if expression is None else expression & term
+    return expression
+
+
+def _sql_predicate(conditions: list[tuple[str, str, Any]]) -> str:
+    def literal(value):
+        if isinstance(value, (datetime, date)):
+            return f"'{value.isoformat()}'"
+        return repr(value)
+
+    return " AND ".join(f"`{c}` {'=' if op == '=' else op} {literal(v)}" for c, op, v in conditions)
+
+
 def conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
     """Select and cast ``data`` to ``schema`` (missing columns become nulls)."""
     arrays = []
@@ -577,6 +645,16 @@ class SparkDeltaTable(Table):
     def delete_keys(self, keys, txn=None, op="delete") -> bool:
         empty = self._spark().createDataFrame([], schemas.spark_schema(self.name))
         return self._write(empty, "overwrite", self._where(keys=list(keys)) or "false", txn, op)
+
+    def delete_where(self, conditions, keys=None, txn=None, op="delete") -> int:
+        where = _sql_predicate(conditions)
+        scope = self._where(keys=list(keys)) if keys is not None else None
+        condition = f"({where}) AND ({scope})" if scope else where
+        before = self.read().count()
+        self.warehouse.step(f"{self.name}.{op}.files_written")
+        self._delta().delete(condition)
+        self.warehouse.step(f"{self.name}.{op}.committed")
+        return before - self.read().count()
 
     def history(self, limit=None) -> list[dict]:
         return [r.asDict() for r in self._delta().history(limit or 1000).collect()]

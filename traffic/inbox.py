@@ -25,6 +25,8 @@ ACCOUNTED = "accounted"
 DUPLICATE = "duplicate"
 APPENDED = "appended"
 CHANGED = "rejected"
+REPLAYED = "replayed"
+TO_READ = (ACCOUNTED, APPENDED, REPLAYED)
 _INCOMPLETE_SUFFIXES = (".tmp", ".part", ".partial", ".crdownload")
 
 
@@ -99,7 +101,8 @@ def plan_files(found: list[InboxFile], known: list[dict]) -> list[InboxFile]:
     read again, so a batch costs what is new, not what the inbox has accumulated.
     """
     handled = {(k["source"], k["name"], k["size"], k.get("mtime_ns")) for k in known}
-    by_content = {(k["source"], k["sha256"]) for k in known if k["status"] in (ACCOUNTED, APPENDED)}
+    # Content replayed for a time range counts as seen: a later delivery of it must not count that range twice.
+    by_content = {(k["source"], k["sha256"]) for k in known if k["status"] in TO_READ}
     latest_by_name: dict[tuple[str, str], dict] = {}
     for k in known:
         if k["status"] in (ACCOUNTED, APPENDED):

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from traffic import inbox as inbox_mod
 from traffic import state as st
-from traffic.clock import advance, hour_floor, month_start
+from traffic.clock import HOUR, advance, hour_floor, month_start
 from traffic.delta import Warehouse, cluster_key
 from traffic.records import PARSED_SCHEMA
 from traffic.settings import Settings
@@ -36,6 +36,7 @@ class BatchResult:
     files: int = 0
     duplicate_files: int = 0
     records_read: int = 0
+    records_skipped: int = 0
     packets_on_time: int = 0
     packets_late: int = 0
     records_rejected: int = 0
@@ -71,7 +72,6 @@ def plan_batch(settings: Settings, warehouse: Warehouse) -> dict | None:
 def ingest(settings: Settings, spark_factory: Callable[[], object], progress=print) -> BatchResult:
     """Run one micro-batch (resuming an interrupted one first). Holds the warehouse lock."""
     warehouse = Warehouse(settings)
-    warehouse.root.mkdir(parents=True, exist_ok=True)
     with inbox_mod.warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic ingest"):
         warehouse.create_all()
         journal = inbox_mod.Journal(warehouse.state_dir())
@@ -85,7 +85,7 @@ def ingest(settings: Settings, spark_factory: Callable[[], object], progress=pri
         if resumed:
             progress(f"resuming interrupted batch {plan['batch_id']}")
         warehouse = Warehouse(settings, spark=spark_factory())
-        result = run_batch(warehouse, plan, progress)
+        result = complete(warehouse, plan, progress)
         result.resumed = resumed
         journal.clear()
         return result
@@ -97,10 +97,20 @@ def finish_pending(settings: Settings, warehouse: Warehouse, spark_factory, prog
     plan = journal.load()
     if plan is None:
         return False
-    progress(f"finishing interrupted ingest batch {plan['batch_id']} first")
-    run_batch(Warehouse(settings, spark=spark_factory()), plan, progress)
+    progress(f"finishing interrupted {plan.get('mode', 'ingest')} batch {plan['batch_id']} first")
+    complete(Warehouse(settings, spark=spark_factory()), plan, progress)
     journal.clear()
     return True
+
+
+def complete(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
+    """Run a journaled plan to its end: the batch, then a restatement's ledger and roll-up rewrite."""
+    result = run_batch(warehouse, plan, progress)
+    if plan.get("restate"):
+        from traffic.replay import rewrite_restated_periods
+
+        rewrite_restated_periods(warehouse, plan, progress)
+    return result
 
 
 def _chunks(plan: dict, split_bytes: int) -> list[tuple]:
@@ -109,7 +119,7 @@ def _chunks(plan: dict, split_bytes: int) -> list[tuple]:
 
     chunks = []
     for f in plan["files"]:
-        if f["status"] not in (inbox_mod.ACCOUNTED, inbox_mod.APPENDED):
+        if f["status"] not in inbox_mod.TO_READ:
             continue
         with open(f["path"], "rb") as handle:
             head = handle.read(64)
@@ -178,7 +188,10 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     file_start = {f["path"]: f["start"] for f in files}
     chunks = _chunks(plan, settings.split_bytes)
     progress(f"batch {batch_id}: {len(chunks)} parse task(s) over "
-             f"{sum(1 for f in files if f['status'] in ('accounted', 'appended'))} file(s)")
+             f"{sum(1 for f in files if f['status'] in inbox_mod.TO_READ)} file(s)")
+    time_range = tuple(datetime.fromisoformat(t) for t in plan["range"]) if plan.get("range") else None
+    restate = plan.get("restate")
+    range_keys = _hour_keys(*time_range) if restate else []
 
     chunk_rows = [
         {"path": p, "source": s, "name": n, "format": fmt, "start": a, "end": b, "file_start": file_start[p]}
@@ -215,16 +228,17 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     newest = newest_row["newest"]
     newest = newest.replace(tzinfo=UTC) if newest is not None and newest.tzinfo is None else newest
     floor = T.history_floor(newest, settings.max_history)
-    judged = T.classify(parsed, before.watermark, future_limit, floor)
+    # A restatement replaces a frozen range from the archive: its records are the range's new truth, never late.
+    judged = T.classify(parsed, None if restate else before.watermark, future_limit, floor, time_range)
     summary = st.rows(pa.Table.from_pylist([r.asDict() for r in T.batch_summary(judged).collect()]))
     timings["read_parse"] = time.perf_counter() - clock
 
     counts = {fate: sum(r["records"] for r in summary if r["fate"] == fate)
-              for fate in (T.ON_TIME, T.LATE, T.TICK, T.LATE_TICK, T.REJECT)}
+              for fate in (T.ON_TIME, T.LATE, T.TICK, T.LATE_TICK, T.REJECT, T.OUTSIDE)}
     volume = {fate: sum(r["bytes"] for r in summary if r["fate"] == fate) for fate in (T.ON_TIME, T.LATE)}
     batch_clocks: dict[str, datetime] = {}
     for r in summary:
-        if r["fate"] != T.REJECT and r["max_ts"] is not None:
+        if r["fate"] not in (T.REJECT, T.OUTSIDE) and r["max_ts"] is not None:
             batch_clocks[r["source"]] = max(r["max_ts"], batch_clocks.get(r["source"], r["max_ts"]))
     on_time_hours = sorted({hour_floor(r["pane"]) for r in summary if r["fate"] == T.ON_TIME})
     after = advance(before, batch_clocks, batch_id, settings.allowed_lateness, settings.source_timeout,
@@ -235,7 +249,10 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     packet_columns = ["ts", "source", "local_ip", "remote_ip", "local_port", "remote_port", "protocol", "bytes",
                       "direction", "hour", "input_file"]
     on_time = judged.where(F.col("fate") == T.ON_TIME).select(*packet_columns).withColumn("batch_id", F.lit(batch_id))
-    if counts[T.ON_TIME]:
+    if restate:
+        warehouse.table("packets").replace(on_time, keys=range_keys, txn=txn, op="restate")
+        warehouse.table("late_packets").delete_keys(range_keys, txn=txn, op="restate")
+    elif counts[T.ON_TIME]:
         warehouse.table("packets").append(on_time, txn=txn, op="ingest")
     if counts[T.LATE]:
         late = judged.where(F.col("fate") == T.LATE).select(*packet_columns, "late_reason") \
@@ -249,13 +266,15 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     timings["write_raw"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    if on_time_hours:
+    if restate:
+        warehouse.table("hourly").replace(T.hourly_totals(on_time, "final"), keys=range_keys, txn=txn, op="restate")
+    elif on_time_hours:
         keys = [cluster_key(h, "hour") for h in on_time_hours]
         hourly = warehouse.table("hourly")
         existing = hourly.read(keys=keys).where(F.col("status") == "open")
         merged = T.merge_open_hours(existing, T.hourly_totals(on_time, "open"))
         hourly.replace(merged, keys=keys, txn=txn, op="ingest")
-    _write_panes(warehouse, summary, txn)
+    _write_panes(warehouse, summary, txn, replace_keys=range_keys)
     _grow_late_counters(warehouse, summary, txn)
     timings["write_hours"] = time.perf_counter() - clock
 
@@ -265,7 +284,8 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
         batch_id=batch_id,
         files=sum(1 for f in files if f["status"] != inbox_mod.DUPLICATE),
         duplicate_files=sum(1 for f in files if f["status"] == inbox_mod.DUPLICATE),
-        records_read=sum(counts.values()),
+        records_read=sum(counts.values()) - counts[T.OUTSIDE],
+        records_skipped=counts[T.OUTSIDE],
         packets_on_time=counts[T.ON_TIME],
         packets_late=counts[T.LATE],
         records_rejected=counts[T.REJECT],
@@ -277,10 +297,16 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     )
     batch_row = {
         "batch_id": batch_id,
+        "mode": plan.get("mode", "ingest"),
+        "records_skipped": counts[T.OUTSIDE],
+        "bytes_withdrawn": plan.get("bytes_withdrawn", 0),
+        "note": restate,
         "started_at": datetime.fromisoformat(plan["started_at"]),
         "committed_at": datetime.now(UTC),
         "files": [{"name": f["name"], "source": f["source"], "sha256": f["sha256"], "size": f["size"],
-                   "status": f["status"], "mtime_ns": f["mtime_ns"], "start": f["start"]} for f in files],
+                   "status": f["status"], "mtime_ns": f["mtime_ns"], "start": f["start"],
+                   "range_from": time_range[0] if time_range else None,
+                   "range_to": time_range[1] if time_range else None} for f in files],
         **{k: getattr(result, k) for k in ("records_read", "packets_on_time", "packets_late", "records_rejected",
                                            "ticks", "bytes_on_time", "bytes_late", "duplicate_files",
                                            "watermark_before", "watermark_after")},
@@ -299,8 +325,19 @@ def _spark_parsed_schema():
     return from_arrow_schema(PARSED_SCHEMA)
 
 
-def _write_panes(warehouse: Warehouse, summary: list[dict], txn) -> None:
-    """Add on-time packets and ticks to ``source_panes`` (per source and 5-minute pane)."""
+def _hour_keys(start: datetime, end: datetime) -> list[str]:
+    keys, hour = [], hour_floor(start)
+    while hour < end:
+        keys.append(cluster_key(hour, "hour"))
+        hour += HOUR
+    return keys
+
+
+def _write_panes(warehouse: Warehouse, summary: list[dict], txn, replace_keys: list[str] = ()) -> None:
+    """Add on-time packets and ticks to ``source_panes`` (per source and 5-minute pane).
+
+    With ``replace_keys`` (a restatement) the panes of those hours are replaced, not added to.
+    """
     from traffic.transforms import ON_TIME, TICK
 
     fresh: dict[tuple[str, datetime], dict] = {}
@@ -314,11 +351,12 @@ def _write_panes(warehouse: Warehouse, summary: list[dict], txn) -> None:
             row["bytes"] += r["bytes"]
         else:
             row["ticks"] += r["records"]
-    if not fresh:
+    if not fresh and not replace_keys:
         return
     table = warehouse.table("source_panes")
-    keys = sorted({cluster_key(pane, "hour") for _, pane in fresh})
-    merged = {(r["source"], r["pane_start"]): r for r in st.rows(table.read_arrow(keys=keys))}
+    keys = sorted({cluster_key(pane, "hour") for _, pane in fresh} | set(replace_keys))
+    merged = {(r["source"], r["pane_start"]): r for r in st.rows(table.read_arrow(keys=keys))
+              if cluster_key(r["pane_start"], "hour") not in set(replace_keys)}
     for key, row in fresh.items():
         old = merged.get(key)
         if old:

@@ -13,24 +13,28 @@ LATE = "late"
 TICK = "tick"
 LATE_TICK = "late_tick"
 REJECT = "reject"
+OUTSIDE = "outside"  # replay: a record outside the replayed time range (not counted by this run)
 
 AMOUNTS = ("bytes", "packets", "bytes_in", "bytes_out")
 
 
 def classify(parsed: DataFrame, watermark_before: datetime | None, future_limit: datetime,
-             history_floor: datetime | None) -> DataFrame:
+             history_floor: datetime | None, time_range: tuple[datetime, datetime] | None = None) -> DataFrame:
     """Add ``fate``, ``hour`` and ``late_reason``; rewrite ``reason`` for sanity-bound rejects.
 
     Lateness uses the watermark from before the batch, so it does not depend on when
-    freezing runs or on the order of records within the batch.
+    freezing runs or on the order of records within the batch. With ``time_range`` (a
+    replay), readable records outside ``[start, end)`` are ``outside``: not counted at all.
     """
     ts = F.col("ts")
+    outside = ((ts < F.lit(time_range[0])) | (ts >= F.lit(time_range[1]))) if time_range else F.lit(False)
     hour = F.date_trunc("hour", ts)
     too_new = ts > F.lit(future_limit)
     too_old = ts < F.lit(history_floor) if history_floor is not None else F.lit(False)
     closed = (hour + F.expr("INTERVAL 1 HOUR") <= F.lit(watermark_before)) if watermark_before else F.lit(False)
     fate = (
         F.when(F.col("kind") == "reject", REJECT)
+        .when(outside, OUTSIDE)
         .when(too_new, REJECT)
         .when(too_old, REJECT)
         .when((F.col("kind") == "tick") & closed, LATE_TICK)
@@ -41,6 +45,7 @@ def classify(parsed: DataFrame, watermark_before: datetime | None, future_limit:
     stamp = F.date_format(ts, "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'")
     reason = (
         F.when(F.col("kind") == "reject", F.col("reason"))
+        .when(outside, F.lit(None))
         .when(too_new, F.concat(F.lit("time "), stamp, F.lit(
             f" is more than the allowed future skew ahead of this machine's clock (limit {future_limit.isoformat()})")))
         .when(too_old, F.concat(F.lit("time "), stamp, F.lit(

@@ -103,3 +103,13 @@ def test_engine_choice(tmp_path):
     (jars / "delta-spark_2.13-4.0.0.jar").write_bytes(b"")
     assert choose_engine(load_settings(environ={}, overrides={"engine": "auto", "spark_jars_dir": jars})) == "spark"
     assert choose_engine(load_settings(environ={}, overrides={"engine": "rs", "spark_jars_dir": jars})) == "rs"
+
+
+def test_delete_where_rewrites_only_matching_files(warehouse):
+    table = warehouse.table("hourly")
+    table.append(pa.concat_tables([_rows(10, 5), _rows(10, 500), _rows(11, 7)]))
+    deleted = table.delete_where([("bytes", ">", 100)])
+    assert deleted == 1
+    assert sorted(table.read_arrow().column("bytes").to_pylist()) == [5, 7]
+    if warehouse.engine == "rs":
+        assert {f.key for f in table.files()} == {"2026-11-01T10", "2026-11-01T11"}

@@ -76,6 +76,7 @@ def test_pipeline_equals_reference_model(spark, data):
     with tempfile.TemporaryDirectory() as tmp:
         harness = Harness(Path(tmp), spark, keep_hours=keep, allowed_lateness=lateness, max_history="30d",
                           now=NOW.isoformat())
+        finals: dict = {}
         for files, close_now in batches:
             for source, text in files:
                 harness.deliver(source, text)
@@ -85,10 +86,11 @@ def test_pipeline_equals_reference_model(spark, data):
                 model.close()
                 harness.close()
             assert_same(harness, model)
+            assert_invariants(harness, finals, after_close=close_now)
         model.close()
         harness.close()
         assert_same(harness, model)
-        assert_invariants(harness)
+        assert_invariants(harness, finals, after_close=True)
 
 
 def assert_same(harness: Harness, model: ReferenceModel) -> None:
@@ -97,9 +99,26 @@ def assert_same(harness: Harness, model: ReferenceModel) -> None:
         assert ours[name] == theirs[name], f"table {name} differs:\n ours  ={ours[name]}\n model ={theirs[name]}"
 
 
-def assert_invariants(harness: Harness) -> None:
-    """Conservation, daily = Σ final hourly, monthly = Σ daily, nothing expired that should stay."""
+def assert_invariants(harness: Harness, finals: dict, after_close: bool) -> None:
+    """Conservation, final rows never change, daily = Σ final hourly, monthly = Σ daily, expiry cutoff."""
     batches = harness.table("batches")
+    # A final row never changes (``finals`` carries what earlier steps saw).
+    for row in harness.table("hourly"):
+        if row["status"] == "final":
+            key = (row["hour"], row["local_ip"], row["remote_ip"])
+            assert finals.setdefault(key, row) == row, f"final row changed: {finals[key]} -> {row}"
+    present = {(r["hour"], r["local_ip"], r["remote_ip"]) for r in harness.table("hourly") if r["status"] == "final"}
+    assert set(finals) <= present, "a final row disappeared"
+    # No raw row of a frozen hour older than hour_floor(W) - keep_hours.
+    watermark = harness.watermark
+    frozen = {p["period_start"] for p in harness.table("periods") if p["grain"] == "hour"}
+    if watermark is not None and after_close:  # expiry runs in close
+        cutoff = watermark.replace(minute=0, second=0, microsecond=0) - timedelta(hours=harness.settings.keep_hours)
+        stale = [r for r in harness.table("packets") if r["hour"] < cutoff and r["hour"] in frozen]
+        assert not stale, f"raw rows of frozen hours before the cutoff {cutoff}: {stale[:3]}"
+    # Packets of hours not yet frozen are never expired: every open hourly row still has its raw rows.
+    raw_hours = {r["hour"] for r in harness.table("packets")}
+    assert {r["hour"] for r in harness.table("hourly") if r["status"] == "open"} <= raw_hours
     accepted = sum(b["bytes_on_time"] + b["bytes_late"] for b in batches)
     hourly = harness.table("hourly")
     late = harness.table("late_packets")

@@ -128,3 +128,21 @@ def test_tables_are_real_delta_tables(one_by_one):
         assert DeltaTable(str(root / name)).to_pyarrow_table().num_rows == ours, name
         assert pl.read_delta(str(root / name)).height == ours, name
     assert pl.read_delta(str(root / "monthly"))["bytes"].sum() == 300
+
+
+def test_close_until_stops_at_that_hour(spark, tmp_path):
+    """``close --until H`` freezes only hours ending by H and rolls up only days ending by H."""
+    harness = Harness(tmp_path, spark)
+    harness.deliver("r1", "\n".join(STREAM) + "\n")
+    harness.ingest()
+    harness.close(until=t(30, 23))
+    ledger = harness.table("periods")
+    assert [(r["grain"], r["period_start"]) for r in ledger] == [("hour", t(30, 22))]
+    harness.close(until=t(1, 0))
+    grains = {}
+    for r in harness.table("periods"):
+        grains.setdefault(r["grain"], []).append(r["period_start"])
+    assert max(grains["hour"]) == t(31, 23) and sorted(grains["day"]) == [t(30, 0), t(31, 0)]
+    assert grains["month"] == [t(1, 0).replace(month=10)]
+    harness.close()
+    assert max(r["period_start"] for r in harness.table("periods") if r["grain"] == "hour") == t(1, 2)
