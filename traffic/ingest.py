@@ -193,6 +193,9 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     restate = plan.get("restate")
     range_keys = _hour_keys(*time_range) if restate else []
 
+    if not settings.local_networks and any(fmt == "capture" for _, _, _, fmt, _, _ in chunks):
+        progress("warning: local_networks is empty, so every captured packet is neither-local and rejected "
+                 "(set TRAFFIC_LOCAL_NETWORKS, e.g. 10.0.0.0/8,2001:db8::/32)")
     chunk_rows = [
         {"path": p, "source": s, "name": n, "format": fmt, "start": a, "end": b, "file_start": file_start[p]}
         for p, s, n, fmt, a, b in chunks

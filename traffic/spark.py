@@ -28,9 +28,12 @@ def build_spark(settings: Settings, app_name: str):
     # Python workers must run the same interpreter (and so the same pyarrow) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # Under spark-submit (Airflow, a cluster) the JVM is already up and its --master decides.
+        builder = builder.master(settings.spark_master)
     builder = (
-        SparkSession.builder.appName(app_name)
-        .master(settings.spark_master)
+        builder
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")

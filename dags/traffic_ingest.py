@@ -1,0 +1,75 @@
+"""Micro-batch ingest: every few minutes, take what is new in the inbox in one Spark job.
+
+| task | what it does | Spark? |
+|---|---|---|
+| `inbox_has_new_files` | short-circuit: is there a file no batch has handled (or an interrupted batch to finish)? If not, `ingest` is **skipped** and the run ends in seconds | no |
+| `ingest` | `jobs/ingest.py`: one micro-batch — classify every record (on time, late, rejected, tick), advance the clocks and the watermark, refresh the open hours ("this hour so far") | yes |
+
+Every **5 minutes** by default; set `TRAFFIC_INGEST_EVERY_MINUTES` in the environment of the
+Airflow scheduler and DAG processor to change it (read when the file is parsed: it is the
+schedule). `max_active_runs=1` and no catchup: a batch takes everything new, so a missed tick
+is simply folded into the next one, and two batches never race for the warehouse lock.
+
+Settings (`TRAFFIC_WAREHOUSE`, `TRAFFIC_INBOX`, `TRAFFIC_CONFIG`, …) come from the worker's
+environment when a task runs and are passed on to `spark-submit`.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import dag, task
+
+ROOT = Path(__file__).absolute().parent.parent
+SPARK_CONF = {"spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{ROOT}/traffic/conf/log4j2.properties"}
+
+
+def _every_minutes() -> int:
+    """The micro-batch cadence (minutes, default 5); a bad value falls back to the default."""
+    value = os.environ.get("TRAFFIC_INGEST_EVERY_MINUTES", "5").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else 5
+
+
+def _pass_settings(context) -> None:
+    """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse)."""
+    from traffic.dag_support import spark_submit_env
+
+    context["task"].env_vars = spark_submit_env()
+
+
+@dag(
+    dag_id="traffic_ingest",
+    schedule=timedelta(minutes=_every_minutes()),
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    catchup=False,
+    max_active_runs=1,
+    dagrun_timeout=timedelta(minutes=30),
+    doc_md=__doc__,
+    tags=["traffic", "ingest", "spark"],
+    default_args={"owner": "traffic", "retries": 1, "retry_delay": timedelta(minutes=1)},
+)
+def traffic_ingest():
+    @task.short_circuit
+    def inbox_has_new_files() -> bool:
+        """Anything new in the inbox? Decided from the filesystem and the batches table, no JVM."""
+        from traffic.dag_support import inbox_has_new_files
+
+        return inbox_has_new_files()
+
+    ingest = SparkSubmitOperator(
+        task_id="ingest",
+        application=str(ROOT / "jobs" / "ingest.py"),
+        name="traffic-ingest",
+        conn_id="spark_default",
+        conf=SPARK_CONF,
+        pre_execute=_pass_settings,
+        execution_timeout=timedelta(minutes=20),
+    )
+
+    inbox_has_new_files() >> ingest
+
+
+traffic_ingest()

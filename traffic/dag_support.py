@@ -1,0 +1,255 @@
+"""What the Airflow DAGs' task callables call: JVM-free checks, expiry, the data-quality verdict.
+
+The DAG files only declare; each callable imports this module inside the task, so parsing a
+DAG never imports the library. Nothing here imports pyspark: every check reads the small
+state tables with Arrow (``traffic.orchestration``), and expiry with the ``rs`` engine only
+removes files from the Delta log, so a run with nothing to freeze finishes in seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+UTC = timezone.utc
+log = logging.getLogger(__name__)
+
+
+class DataQualityFailed(RuntimeError):
+    """A period of the run's interval failed its checks: it is not published."""
+
+
+def settings_from_env():
+    """The pipeline's settings as a task sees them (``TRAFFIC_CONFIG`` / ``TRAFFIC_*`` of the worker)."""
+    from traffic.settings import load_settings
+
+    return load_settings()
+
+
+def as_utc(moment: Any) -> datetime:
+    """An Airflow (pendulum) or ISO-string time as a plain aware ``datetime`` in UTC."""
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+    if moment.tzinfo is None:
+        return datetime(*moment.timetuple()[:6], moment.microsecond, tzinfo=UTC)
+    return datetime.fromtimestamp(moment.timestamp(), UTC)
+
+
+def _fmt(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else "none yet"
+
+
+# -- spark-submit ----------------------------------------------------------------------------
+
+def spark_submit_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment handed to ``spark-submit`` at run time: the worker's ``TRAFFIC_*`` settings,
+    the Python that runs the job (this venv's, unless ``PYSPARK_PYTHON`` says otherwise), UTC,
+    and a PATH on which this venv's ``spark-submit`` is found first."""
+    environ = os.environ if environ is None else environ
+    env = {name: value for name, value in environ.items() if name.startswith("TRAFFIC_")}
+    python = environ.get("PYSPARK_PYTHON") or sys.executable
+    env["PYSPARK_PYTHON"] = python
+    env["PYSPARK_DRIVER_PYTHON"] = environ.get("PYSPARK_DRIVER_PYTHON") or python
+    env["TZ"] = "UTC"
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environ.get("PATH", os.defpath)])
+    return env
+
+
+# -- the checks the sensors and short-circuits ask ------------------------------------------
+
+def watermark_passed(interval_end: Any) -> bool:
+    """Sensor: has the watermark reached the end of this interval (every hour in it is closed)?"""
+    from traffic import orchestration
+
+    settings = settings_from_env()
+    end = as_utc(interval_end)
+    current = orchestration.watermark(settings)
+    passed = current is not None and current >= end
+    log.info("watermark %s; this interval ends %s: %s", _fmt(current), _fmt(end),
+             "passed" if passed else "waiting")
+    return passed
+
+
+def freeze_needed(interval_end: Any) -> bool:
+    """Short-circuit: False when every hour up to ``interval_end`` is already final (no Spark job)."""
+    from traffic import orchestration
+
+    end = as_utc(interval_end)
+    final = orchestration.hours_final_until(settings_from_env(), end)
+    log.info("hours up to %s %s", _fmt(end), "are already final: nothing to freeze" if final else "need freezing")
+    return not final
+
+
+def day_closes(interval_end: Any) -> bool:
+    """Gate of the day roll-up: the interval ends at midnight UTC, or a closed day is still waiting."""
+    from traffic import orchestration
+
+    end = as_utc(interval_end)
+    if (end.hour, end.minute, end.second, end.microsecond) == (0, 0, 0, 0):
+        log.info("the interval ends at midnight UTC: %s closes", (end - timedelta(days=1)).date())
+        return True
+    waiting = orchestration.day_waiting(settings_from_env(), end)
+    log.info("not a day change; %s", "a closed day is waiting to be rolled up (catch-up)" if waiting
+             else "no closed day is waiting: skip")
+    return waiting
+
+
+def month_waiting(settings, interval_end: datetime) -> bool:
+    """True when a closed month (ending by ``interval_end``) whose last day is rolled up has no roll-up yet."""
+    from traffic import orchestration
+    from traffic import state as st
+    from traffic.clock import DAY, month_start, next_month
+
+    warehouse = orchestration._warehouse(settings)
+    if warehouse is None:
+        return False
+    clock = st.read_clock_state(warehouse)
+    if clock.first_hour is None or clock.watermark is None:
+        return False
+    ledger = st.read_ledger(warehouse)
+    days = {r["period_start"] for r in ledger if r["grain"] == "day"}
+    months = {r["period_start"] for r in ledger if r["grain"] == "month"}
+    month = month_start(clock.first_hour)
+    while next_month(month) <= min(interval_end, clock.watermark):
+        if month not in months and next_month(month) - DAY in days:
+            return True
+        month = next_month(month)
+    return False
+
+
+def month_closes(interval_end: Any) -> bool:
+    """Gate of the month roll-up: the interval ends at the first midnight of a month, or a month is waiting."""
+    end = as_utc(interval_end)
+    if (end.day, end.hour, end.minute, end.second, end.microsecond) == (1, 0, 0, 0, 0):
+        log.info("the interval ends at the start of %s: the previous month closes", end.strftime("%Y-%m"))
+        return True
+    waiting = month_waiting(settings_from_env(), end)
+    log.info("not a month change; %s", "a closed month is waiting to be rolled up (catch-up)" if waiting
+             else "no closed month is waiting: skip")
+    return waiting
+
+
+def inbox_has_new_files() -> bool:
+    """Short-circuit of the micro-batch: anything new in the inbox (or an interrupted batch to finish)?"""
+    from traffic import orchestration
+
+    settings = settings_from_env()
+    new = orchestration.inbox_has_new_files(settings)
+    log.info("inbox %s: %s", settings.inbox, "new files: ingest" if new else "nothing new: no Spark job")
+    return new
+
+
+# -- expiry without a JVM ---------------------------------------------------------------------
+
+def expire_raw_detail(interval_end: Any) -> dict:
+    """``traffic close --only expire --until <end>``, without starting Spark when the engine allows.
+
+    ``traffic.close.close`` asks for a session before running any non-empty plan, but expiry
+    with the ``rs`` engine only removes files through delta-rs and never touches it; so the
+    session factory here returns None — unless a batch was interrupted (finishing it needs
+    Spark) or the ``spark`` engine is configured, when a real session is started on demand.
+    """
+    from traffic import inbox as inbox_mod
+    from traffic.cli import SparkHolder, print_close
+    from traffic.close import close
+    from traffic.delta import Warehouse, choose_engine
+
+    settings = settings_from_env()
+    end = as_utc(interval_end)
+    holder = SparkHolder(settings, "traffic-expire")
+    pending = Warehouse(settings, engine="rs").exists() and \
+        inbox_mod.Journal(Path(settings.warehouse) / "_traffic").load() is not None
+    jvm_free = choose_engine(settings) == "rs" and not pending
+    try:
+        result = close(settings, (lambda: None) if jvm_free else holder, end,
+                       lambda message: log.info("%s", message), only=("expire",))
+    finally:
+        holder.stop()
+    print_close(result)
+    return {"expired_hours": result.expired_hours, "watermark": result.watermark.isoformat()
+            if result.watermark else None, "spark_started": holder.started_in > 0}
+
+
+# -- publish the data-quality outcome ------------------------------------------------------------
+
+def interval_periods(settings, start: datetime, end: datetime) -> list[dict]:
+    """Ledger rows the interval ``[start, end)`` closes: its hours, and a day or month ending in it."""
+    from traffic import orchestration
+    from traffic import state as st
+    from traffic.clock import DAY, next_month
+
+    warehouse = orchestration._warehouse(settings)
+    if warehouse is None:
+        return []
+    chosen = []
+    for row in st.read_ledger(warehouse):
+        begin = row["period_start"]
+        finish = {"hour": None, "day": begin + DAY, "month": next_month(begin)}.get(row["grain"])
+        if row["grain"] == "hour" and start <= begin < end:
+            chosen.append(row)
+        elif finish is not None and start < finish <= end:
+            chosen.append(row)
+    return sorted(chosen, key=lambda r: (r["period_start"], r["grain"]))
+
+
+def publish_data_quality(interval_start: Any, interval_end: Any) -> dict:
+    """Log the interval's data-quality outcome; fail when any of its periods failed its checks."""
+    from traffic import orchestration
+
+    settings = settings_from_env()
+    start, end = as_utc(interval_start), as_utc(interval_end)
+    rows = interval_periods(settings, start, end)
+    if not rows and not orchestration.hours_final_until(settings, end):
+        raise DataQualityFailed(f"no hour of {_fmt(start)} … {_fmt(end)} is frozen yet: nothing can be published")
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["dq_status"]] = counts.get(row["dq_status"], 0) + 1
+        note = f" — {row['dq_note']}" if row.get("dq_note") else ""
+        restated = f" (restated: {row['restated']})" if row.get("restated") else ""
+        log.info("%-5s %s  %s bytes, %s packets, late %s bytes: %s%s%s", row["grain"], _fmt(row["period_start"]),
+                 f"{row['bytes']:,}", f"{row['packets']:,}", f"{row['late_bytes']:,}", row["dq_status"],
+                 note, restated)
+    if not rows:
+        log.info("no period closes in %s … %s (it is before the first hour)", _fmt(start), _fmt(end))
+    failed = [r for r in rows if r["dq_status"] == "failed"]
+    summary = {"interval_start": start.isoformat(), "interval_end": end.isoformat(), "periods": len(rows),
+               "by_status": counts,
+               "failed": [f"{r['grain']} {r['period_start'].isoformat()}" for r in failed]}
+    log.info("data quality of %s … %s: %s", _fmt(start), _fmt(end),
+             ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "nothing to publish")
+    if failed:
+        raise DataQualityFailed("not published, failed checks: " + "; ".join(
+            f"{r['grain']} {_fmt(r['period_start'])}" + (f" ({r['dq_note']})" if r.get("dq_note") else "")
+            for r in failed))
+    return summary
+
+
+# -- the replay form ----------------------------------------------------------------------------
+
+def replay_arguments(params: Mapping[str, Any]) -> list[str]:
+    """``jobs/replay.py`` arguments from the replay form, checked before any JVM starts."""
+    from traffic.settings import SettingsError, _parse_now
+
+    def text(name: str) -> str:
+        value = params.get(name)
+        return "" if value is None else str(value).strip()
+
+    missing = [name for name in ("from", "to", "input") if not text(name)]
+    if missing:
+        raise SettingsError(f"replay needs {', '.join(missing)}")
+    start, end = _parse_now("from", text("from")), _parse_now("to", text("to"))
+    if end <= start:
+        raise SettingsError(f"replay range is empty: from {start.isoformat()} is not before to {end.isoformat()}")
+    args = ["--from", start.isoformat(), "--to", end.isoformat(), "--input", text("input")]
+    if text("source"):
+        args += ["--source", text("source")]
+    restate = params.get("restate")
+    if restate is True or str(restate).strip().lower() in {"true", "1", "yes"}:
+        if not text("reason"):
+            raise SettingsError("restate needs a reason (it is recorded in the ledger)")
+        args += ["--restate", "--reason", text("reason")]
+    return args
