@@ -142,6 +142,8 @@ def read_chunk(path: str, start: int, end: int, first_chunk_start: int) -> bytes
             handle.seek(start - 1)
             if handle.read(1) != b"\n":
                 handle.readline()  # the partial line belongs to the previous chunk
+        else:
+            handle.seek(start)  # the first byte still to count (0, or the end of what was counted before)
         begin = handle.tell()
         if begin >= end:
             return b""
