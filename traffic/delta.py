@@ -136,6 +136,7 @@ class Warehouse:
         self.spark = spark
         self.engine = engine or choose_engine(settings)
         self.faults = _injector(settings)
+        self.snapshots: dict[str, object] = {}  # table name -> loaded delta-rs snapshot (rs engine)
         if self.engine == "spark" and spark is None:
             raise StorageError("the spark engine needs a SparkSession")
 
@@ -193,16 +194,28 @@ class RsTable(Table):
 
     # -- snapshot ---------------------------------------------------------------------
     def _delta(self):
+        """The table's current snapshot; reused within a job and brought up to date incrementally.
+
+        Re-opening a table reads its last checkpoint and the commits since; bringing a loaded
+        snapshot up to date reads only the new commits, which keeps a micro-batch's many small
+        reads and commits cheap whatever the table's history.
+        """
         from deltalake import DeltaTable
 
+        cached = self.warehouse.snapshots.get(self.name)
+        if cached is not None:
+            cached.update_incremental()
+            return cached
         try:
-            return DeltaTable(str(self.path))
+            snapshot = DeltaTable(str(self.path))
         except Exception as error:  # noqa: BLE001 - delta-rs raises several kinds here
             if not (self.path / "_delta_log").is_dir():
                 raise StorageError(
                     f"table {self.name} does not exist under {self.warehouse.root} (run `traffic ingest` first)"
                 ) from None
             raise StorageError(f"table {self.name} cannot be opened: {error}") from None
+        self.warehouse.snapshots[self.name] = snapshot
+        return snapshot
 
     def exists(self) -> bool:
         return (self.path / "_delta_log").is_dir()
