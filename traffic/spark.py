@@ -18,16 +18,18 @@ def build_spark(settings: Settings, app_name: str):
     """A SparkSession tuned for this pipeline: UTC, microsecond timestamps, few partitions, no UI."""
     from pyspark.sql import SparkSession
 
-    # Spark turns timestamps into naive Python datetimes in the process's local zone: make it UTC.
-    os.environ["TZ"] = "UTC"
-    time.tzset()
     # Quiet JVM start-up: our log4j2 config applies from the first line.
     os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
                           f"--driver-java-options -Dlog4j.configurationFile=file:{LOG4J} pyspark-shell")
-    warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
     # Python workers must run the same interpreter (and so the same pyarrow) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Spark turns timestamps into naive Python datetimes in the process's local zone: make it UTC.
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
+    if settings.spark_master.startswith("sc://"):
+        return _connect(settings)
     builder = SparkSession.builder.appName(app_name)
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         # Under spark-submit (Airflow, a cluster) the JVM is already up and its --master decides.
@@ -61,4 +63,24 @@ def build_spark(settings: Settings, app_name: str):
         )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+#: Session settings a Spark Connect client sets on its server-side session (the server owns the rest).
+CONNECT_SESSION_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "200000",
+}
+
+
+def _connect(settings: Settings):
+    """A client session of a running Spark Connect server (``sc://host:port``): starts in about a second."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(settings.spark_master).getOrCreate()
+    for name, value in {**CONNECT_SESSION_CONF, "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+                        "spark.sql.files.maxPartitionBytes": str(settings.split_bytes)}.items():
+        spark.conf.set(name, value)
     return spark
