@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (slow tests included). Installs the system tools the tests use
-# (tshark) with apt-get when missing and this user may; pytest's own arguments pass through.
+# (tshark; chromium for the Airflow UI test) with apt-get when missing and this user may;
+# pytest's own arguments pass through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
+[ -x /usr/bin/chromium ] || need+=(chromium chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing ${need[*]} (apt-get)"
@@ -18,4 +20,5 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 export GX_ANALYTICS_ENABLED=false
 export TZ=UTC
-exec .venv/bin/python -m pytest "$@"
+# Two workers (one Spark session each); a file's tests stay on one worker so its fixtures are built once.
+exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"

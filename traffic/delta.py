@@ -84,26 +84,16 @@ class DataFile:
     rows: int | None
 
 
-class SimulatedCrash(BaseException):
-    """Raised at a fault point in ``raise`` mode: nothing after the step runs, like a kill."""
-
-
 #: Every step reached in this process, in order (the crash tests enumerate kill points from it).
 STEPS_REACHED: list[str] = []
 
 
 class FaultInjector:
-    """Stops the process at a named step: ``name``, ``name#n`` (n-th time), ``…!raise`` (in-process).
-
-    By default the process SIGKILLs itself; ``!raise`` raises ``SimulatedCrash`` instead, which
-    leaves the same files and commits on disk and lets tests check every point quickly.
-    """
+    """Kills the process (SIGKILL) at a named step: ``name`` or ``name#n`` (its n-th time)."""
 
     def __init__(self, spec: str | None):
-        spec, _, mode = (spec or "").partition("!")
-        self.name, _, nth = spec.partition("#")
+        self.name, _, nth = (spec or "").partition("#")
         self.nth = int(nth) if nth else 1
-        self.mode = mode or "kill"
         self.seen = 0
 
     def reached(self, step: str) -> None:
@@ -111,8 +101,6 @@ class FaultInjector:
         if step == self.name:
             self.seen += 1
             if self.seen == self.nth:
-                if self.mode == "raise":
-                    raise SimulatedCrash(step)
                 os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -67,7 +67,7 @@ def stream(draw):
 
 
 @pytest.mark.slow
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(stream())
 def test_pipeline_equals_reference_model(spark, data):
     batches, lateness, keep = data
