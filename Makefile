@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test` (each sets itself up).
-.PHONY: setup demo test test-fast
+.PHONY: setup demo test test-fast airflow
 setup:
 	@bash scripts/setup.sh
 demo: setup
@@ -8,3 +8,5 @@ test: setup
 	@bash scripts/test.sh
 test-fast: setup
 	@bash scripts/test.sh -m "not slow"
+airflow: setup
+	@bash scripts/airflow.sh

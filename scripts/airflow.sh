@@ -14,7 +14,7 @@ root=$PWD
 export AIRFLOW_HOME=${AIRFLOW_HOME:-$root/airflow-home}
 mkdir -p "$AIRFLOW_HOME"
 AIRFLOW_HOME=$(cd "$AIRFLOW_HOME" && pwd)
-# airflow standalone starts its components as `airflow …` and spark-submit must be this venv's.
+# airflow standalone starts its components as `airflow …`, and spark-submit must be this venv's.
 export PATH="$root/.venv/bin:$PATH"
 
 port=${AIRFLOW__API__PORT:-8080}
@@ -35,51 +35,82 @@ export PYSPARK_PYTHON=${PYSPARK_PYTHON:-$root/.venv/bin/python}
 export TZ=UTC GX_ANALYTICS_ENABLED=false
 
 # Tasks run with another working directory: the warehouse and inbox are made absolute here.
-export TRAFFIC_WAREHOUSE=$(realpath -m "${TRAFFIC_WAREHOUSE:-$root/warehouse}")
-export TRAFFIC_INBOX=$(realpath -m "${TRAFFIC_INBOX:-$root/inbox}")
+TRAFFIC_WAREHOUSE=$(realpath -m "${TRAFFIC_WAREHOUSE:-$root/warehouse}")
+TRAFFIC_INBOX=$(realpath -m "${TRAFFIC_INBOX:-$root/inbox}")
+export TRAFFIC_WAREHOUSE TRAFFIC_INBOX
 mkdir -p "$TRAFFIC_INBOX"
 
-# One fixed admin password, made once (kept in the passwords file the simple auth manager reads).
+# One fixed admin password, made once, in the passwords file the simple auth manager reads;
+# and a JWT signing key of a proper length, also made once (Airflow's generated one is short).
 passwords=$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE
 if [ ! -s "$passwords" ]; then
   (umask 077 && .venv/bin/python -c 'import json, secrets; print(json.dumps({"admin": secrets.token_urlsafe(12)}))' >"$passwords")
 fi
 password=$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["admin"])' "$passwords")
+if [ ! -s "$AIRFLOW_HOME/jwt_secret" ]; then
+  (umask 077 && .venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(64))' >"$AIRFLOW_HOME/jwt_secret")
+fi
+AIRFLOW__API_AUTH__JWT_SECRET=$(cat "$AIRFLOW_HOME/jwt_secret")
+export AIRFLOW__API_AUTH__JWT_SECRET
 
-banner() {
-  echo "------------------------------------------------------------------------------"
-  echo " Airflow UI   $url"
-  echo " log in as    admin / $password   (from $passwords)"
-  echo " warehouse    $TRAFFIC_WAREHOUSE"
-  echo " inbox        $TRAFFIC_INBOX   (drop files in inbox/<source>/)"
-  echo " stop         Ctrl-C"
-  echo "------------------------------------------------------------------------------"
-}
-banner
+echo "------------------------------------------------------------------------------"
+echo " Airflow UI   $url   (ready in about a minute)"
+echo " log in as    admin / $password   (password file: $passwords)"
+echo " warehouse    $TRAFFIC_WAREHOUSE"
+echo " inbox        $TRAFFIC_INBOX   (drop files in inbox/<source>/)"
+echo " stop         Ctrl-C"
+echo "------------------------------------------------------------------------------"
 
 # The point of starting it is to watch the pipeline run, so the scheduled DAGs are unpaused once
 # the DAG processor has registered them (traffic_replay too: it is manual, unpausing it only lets
-# a triggered run start). A helper in the background does it and then prints the banner again;
-# it stops on its own when Airflow does (background jobs of a script ignore Ctrl-C).
-main_pid=$$
+# a triggered run start). A helper in the background does it through the REST API, then says
+# where to log in; it ends on its own when Airflow does (a script's background jobs ignore Ctrl-C).
 unpause=${TRAFFIC_AIRFLOW_UNPAUSE-traffic_ingest traffic_hourly traffic_replay}
-(
-  for _ in $(seq 120); do
-    sleep 5
-    kill -0 "$main_pid" 2>/dev/null || exit 0
-    left=""
-    for dag_id in $unpause; do
-      airflow dags unpause "$dag_id" >/dev/null 2>&1 || left="$left $dag_id"
-    done
-    unpause=$left
-    if [ -z "$unpause" ] && "$root/.venv/bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$url/api/v2/monitor/health" 2>/dev/null; then
-      echo "[airflow.sh] DAGs unpaused: ${TRAFFIC_AIRFLOW_UNPAUSE-traffic_ingest traffic_hourly traffic_replay}"
-      banner
-      exit 0
-    fi
-  done
-) &
+# shellcheck disable=SC2086
+.venv/bin/python - "$url" "$passwords" "$$" $unpause <<'PY' &
+import json, os, sys, time, urllib.error, urllib.request
+
+url, passwords, main_pid, wanted = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+
+
+def call(method, path, token=None, body=None):
+    request = urllib.request.Request(url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {token}"} if token else {})})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+password = json.load(open(passwords))["admin"]
+left, deadline = list(wanted), time.monotonic() + 600
+while time.monotonic() < deadline:
+    time.sleep(3)
+    try:
+        os.kill(main_pid, 0)
+    except OSError:
+        sys.exit(0)  # Airflow has stopped
+    try:
+        token = call("POST", "/auth/token", body={"username": "admin", "password": password})["access_token"]
+        for dag_id in list(left):
+            try:
+                if call("GET", f"/api/v2/dags/{dag_id}", token)["is_paused"]:
+                    call("PATCH", f"/api/v2/dags/{dag_id}", token, {"is_paused": False})
+                else:
+                    left.remove(dag_id)  # seen unpaused on a later look, not only right after the PATCH
+            except urllib.error.HTTPError as error:
+                if error.code != 404:  # 404: not parsed yet
+                    raise
+    except (OSError, ValueError, KeyError):
+        continue  # the API server is not up yet
+    if not left:
+        print(f"[airflow.sh] ready: {url}  log in as admin / {password}"
+              + (f"  (unpaused: {', '.join(wanted)})" if wanted else ""), flush=True)
+        sys.exit(0)
+PY
 
 # exec: airflow standalone replaces this shell in the foreground, so Ctrl-C (SIGINT) reaches it
-# directly and it stops its components cleanly (a backgrounded one would ignore SIGINT).
-exec airflow standalone
+# directly and it stops its components cleanly. Started in the background (`make airflow &`,
+# nohup, a CI step) a shell ignores SIGINT and cannot un-ignore it, and a Python started with
+# SIGINT ignored never raises KeyboardInterrupt: the default handler is restored before exec.
+exec .venv/bin/python -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
+  airflow standalone

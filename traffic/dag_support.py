@@ -74,12 +74,24 @@ def watermark_passed(interval_end: Any) -> bool:
     return passed
 
 
+def _first_hour(settings) -> datetime | None:
+    """The first hour (of the first on-time packet), or None before any packet."""
+    from traffic import orchestration
+    from traffic import state as st
+
+    warehouse = orchestration._warehouse(settings)
+    return st.read_clock_state(warehouse).first_hour if warehouse is not None else None
+
+
 def freeze_needed(interval_end: Any) -> bool:
     """Short-circuit: False when every hour up to ``interval_end`` is already final (no Spark job)."""
     from traffic import orchestration
 
-    end = as_utc(interval_end)
-    final = orchestration.hours_final_until(settings_from_env(), end)
+    settings, end = settings_from_env(), as_utc(interval_end)
+    if _first_hour(settings) is None:
+        log.info("no packet yet (only clock ticks, or nothing): there is no hour to freeze")
+        return False
+    final = orchestration.hours_final_until(settings, end)
     log.info("hours up to %s %s", _fmt(end), "are already final: nothing to freeze" if final else "need freezing")
     return not final
 
@@ -146,32 +158,39 @@ def inbox_has_new_files() -> bool:
 # -- expiry without a JVM ---------------------------------------------------------------------
 
 def expire_raw_detail(interval_end: Any) -> dict:
-    """``traffic close --only expire --until <end>``, without starting Spark when the engine allows.
+    """``traffic close --only expire --until <end>``, without a JVM in the worker.
 
     ``traffic.close.close`` asks for a session before running any non-empty plan, but expiry
     with the ``rs`` engine only removes files through delta-rs and never touches it; so the
-    session factory here returns None — unless a batch was interrupted (finishing it needs
-    Spark) or the ``spark`` engine is configured, when a real session is started on demand.
+    session factory here returns None. When Spark is really needed — the ``spark`` engine, or
+    an interrupted batch to finish first — the same step runs as a Spark job instead
+    (``spark-submit jobs/close.py``, like the other close steps), never inside the worker.
     """
     from traffic import inbox as inbox_mod
-    from traffic.cli import SparkHolder, print_close
+    from traffic.cli import print_close
     from traffic.close import close
     from traffic.delta import Warehouse, choose_engine
 
     settings = settings_from_env()
     end = as_utc(interval_end)
-    holder = SparkHolder(settings, "traffic-expire")
     pending = Warehouse(settings, engine="rs").exists() and \
         inbox_mod.Journal(Path(settings.warehouse) / "_traffic").load() is not None
-    jvm_free = choose_engine(settings) == "rs" and not pending
-    try:
-        result = close(settings, (lambda: None) if jvm_free else holder, end,
-                       lambda message: log.info("%s", message), only=("expire",))
-    finally:
-        holder.stop()
-    print_close(result)
-    return {"expired_hours": result.expired_hours, "watermark": result.watermark.isoformat()
-            if result.watermark else None, "spark_started": holder.started_in > 0}
+    if choose_engine(settings) == "rs" and not pending:
+        result = close(settings, lambda: None, end, lambda message: log.info("%s", message), only=("expire",))
+        print_close(result)
+        return {"expired_hours": result.expired_hours, "spark_started": False,
+                "watermark": result.watermark.isoformat() if result.watermark else None}
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    root = Path(__file__).resolve().parent.parent
+    log.info("expiry needs Spark here (%s): submitting jobs/close.py --only expire",
+             "an interrupted batch is waiting" if pending else "spark engine")
+    SparkSubmitHook(
+        conn_id="spark_default", name="traffic-close-expire", env_vars=spark_submit_env(),
+        conf={"spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{root}/traffic/conf/log4j2.properties"},
+        application_args=["--until", end.isoformat(), "--only", "expire"],
+    ).submit(str(root / "jobs" / "close.py"))
+    return {"expired_hours": None, "spark_started": True, "watermark": None}
 
 
 # -- publish the data-quality outcome ------------------------------------------------------------
@@ -203,8 +222,9 @@ def publish_data_quality(interval_start: Any, interval_end: Any) -> dict:
     settings = settings_from_env()
     start, end = as_utc(interval_start), as_utc(interval_end)
     rows = interval_periods(settings, start, end)
-    if not rows and not orchestration.hours_final_until(settings, end):
-        raise DataQualityFailed(f"no hour of {_fmt(start)} … {_fmt(end)} is frozen yet: nothing can be published")
+    first_hour = _first_hour(settings)
+    if first_hour is not None and first_hour < end and not orchestration.hours_final_until(settings, end):
+        raise DataQualityFailed(f"not every hour up to {_fmt(end)} is frozen: this interval cannot be published")
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["dq_status"]] = counts.get(row["dq_status"], 0) + 1
@@ -213,7 +233,7 @@ def publish_data_quality(interval_start: Any, interval_end: Any) -> dict:
         log.info("%-5s %s  %s bytes, %s packets, late %s bytes: %s%s%s", row["grain"], _fmt(row["period_start"]),
                  f"{row['bytes']:,}", f"{row['packets']:,}", f"{row['late_bytes']:,}", row["dq_status"],
                  note, restated)
-    if not rows:
+    if not rows:  # hours before the first hour get no ledger row (DESIGN §4): nothing to publish, no failure
         log.info("no period closes in %s … %s (it is before the first hour)", _fmt(start), _fmt(end))
     failed = [r for r in rows if r["dq_status"] == "failed"]
     summary = {"interval_start": start.isoformat(), "interval_end": end.isoformat(), "periods": len(rows),
