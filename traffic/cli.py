@@ -1,4 +1,4 @@
-"""``traffic`` — the command line: ingest, close, run, status, show, demo.
+"""``traffic`` — the command line: ingest, close, run, status, show, report, accept, replay, demo.
 
 Errors a person can fix print one line and exit 2; a failed check exits 3; anything
 unexpected prints one line (and the details with ``--debug``) and exits 1.
@@ -112,6 +112,8 @@ def print_close(result) -> None:
     if result.expired_hours:
         parts.append(f"raw detail of {result.expired_hours} hour(s) expired")
     print("close: " + "; ".join(parts))
+    for warning in getattr(result, "warnings", []):
+        print(f"close: warning {warning}")
     for failure in result.failed:
         print(f"close: FAILED {failure}")
 
@@ -131,23 +133,52 @@ def _until(args):
     return _parse_now("--until", args.until)
 
 
-def cmd_close(args, settings, spark) -> int:
-    from traffic.close import close
+def _close_and_print(settings, spark, until, only=None) -> int:
+    """Run a close and print what it did; a failed critical check is re-raised (exit 3) after printing."""
+    from traffic.close import CheckFailed, close
 
-    only = tuple(step.strip() for step in args.only.split(",")) if args.only else None
-    result = close(settings, spark, _until(args), _progress, only=only)
+    try:
+        result = close(settings, spark, until, _progress, only=only)
+    except CheckFailed as error:
+        if error.result is not None:
+            print_close(error.result)
+        raise
     print_close(result)
     return EXIT_CHECK if result.failed else 0
+
+
+def cmd_close(args, settings, spark) -> int:
+    only = tuple(step.strip() for step in args.only.split(",")) if args.only else None
+    return _close_and_print(settings, spark, _until(args), only)
 
 
 def cmd_run(args, settings, spark) -> int:
-    from traffic.close import close
     from traffic.ingest import ingest
 
     print_batch(ingest(settings, spark, _progress))
-    result = close(settings, spark, _until(args), _progress)
-    print_close(result)
-    return EXIT_CHECK if result.failed else 0
+    return _close_and_print(settings, spark, _until(args))
+
+
+def cmd_report(args, settings, spark) -> int:
+    from traffic.html_report import write_report
+
+    path = write_report(settings)
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_accept(args, settings, spark) -> int:
+    import getpass
+
+    from traffic.close import refresh_report
+    from traffic.quality import accept, period_label
+
+    row = accept(settings, args.period, args.reason, args.by or getpass.getuser())
+    print(f"accept: {row['grain']} {period_label(row['grain'], row['period_start'])} is accepted by "
+          f"{row['accepted_by']} ({row['accepted_reason']}); it failed: {row.get('dq_note') or '-'}")
+    print("accept: roll-ups over it proceed at the next `traffic close`")
+    refresh_report(settings, _progress)
+    return 0
 
 
 def cmd_status(args, settings, spark) -> int:
@@ -237,13 +268,21 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--source", help="source of every file (default: sub-folder name, else 'default')")
     replay.add_argument("--restate", action="store_true", help="replace the frozen range from the archive (audited)")
     replay.add_argument("--reason", help="why the range is restated (required with --restate)")
+    sub.add_parser("report", parents=[common],
+                   help="write the HTML traffic report to <warehouse>/_reports/index.html (no Spark)")
+    accept = sub.add_parser("accept", parents=[common],
+                            help="accept a period that failed its checks (audited); roll-ups then proceed")
+    accept.add_argument("--period", required=True, help="the failed period: 2026-11 (month), 2026-11-01 (day) "
+                        "or 2026-11-01T10:00Z (hour)")
+    accept.add_argument("--reason", required=True, help="why it is accepted (kept in the ledger)")
+    accept.add_argument("--by", help="who accepts it (default: the user running the command)")
     demo = sub.add_parser("demo", parents=[common], help="generate sample traffic and run the whole pipeline on it")
     demo.add_argument("--dir", default="demo", help="folder for the demo's inbox and warehouse (default ./demo)")
     return parser
 
 
 COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": cmd_status,
-            "show": cmd_show, "replay": cmd_replay, "demo": cmd_demo}
+            "show": cmd_show, "report": cmd_report, "accept": cmd_accept, "replay": cmd_replay, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None, spark=None) -> int:
@@ -251,6 +290,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
     from traffic.close import CheckFailed
     from traffic.delta import StorageError
     from traffic.inbox import InboxError, LockTimeout
+    from traffic.quality import AcceptError
     from traffic.settings import SettingsError
 
     args = build_parser().parse_args(argv)
@@ -262,7 +302,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
             settings = settings.replace(warehouse=base / "warehouse", inbox=base / "inbox")
         holder = SparkHolder(settings, f"traffic-{args.command}", spark)
         return COMMANDS[args.command](args, settings, holder)
-    except (SettingsError, InboxError, LockTimeout, StorageError) as error:
+    except (SettingsError, InboxError, LockTimeout, StorageError, AcceptError) as error:
         print(f"traffic {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USER
     except CheckFailed as error:

@@ -1,9 +1,15 @@
-"""Close: freeze closed hours, roll up closed days and months, expire raw detail (DESIGN §3–§5).
+"""Close: freeze closed hours, roll up closed days and months, expire raw detail (DESIGN §3–§6).
 
 What to do is decided on the driver from the small state tables, so a close with nothing
 to do never starts Spark. Each step recomputes its output from its inputs and replaces
 exactly its partitions before writing the ledger row that marks it done, so a close
 killed anywhere and run again ends as an uninterrupted one.
+
+Every step checks what it produces before publishing it (``traffic.quality``: one Great
+Expectations run per suite over all the periods of the step). A roll-up first re-checks the
+periods it is built from — a frozen hour or a rolled-up day found corrupt since is marked
+failed and the roll-up over it waits. The ledger row's ``dq_status`` is the verdict:
+``passed``/``warning`` (published) or ``failed`` (not published, until ``traffic accept``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,15 @@ PUBLISHED = ("passed", "warning", "accepted")
 
 
 class CheckFailed(RuntimeError):
-    """A period failed a critical check: it is recorded as failed and nothing is rolled up over it."""
+    """A period failed a critical check: it is recorded as failed and nothing is rolled up over it.
+
+    Raised by ``close`` after the whole run is written (the message names each failed period, the
+    check and the value it failed with); ``result`` is that run's ``CloseResult``.
+    """
+
+    def __init__(self, message: str, result: "CloseResult | None" = None):
+        super().__init__(message)
+        self.result = result
 
 
 @dataclass
@@ -53,6 +67,7 @@ class CloseResult:
     days_rolled: list[date] = field(default_factory=list)
     months_rolled: list[datetime] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     expired_hours: int = 0
     watermark: datetime | None = None
     seconds: dict = field(default_factory=dict)
@@ -84,11 +99,13 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
             plan.days.append(day.date())
         day += DAY
     rolled_days = {d for d in days_done} | {day_start(d) for d in plan.days}
+    unpublished_days = {r["period_start"] for r in ledger if r["grain"] == "day" and r["dq_status"] not in PUBLISHED}
     month = month_start(state.first_hour)
     while next_month(month) <= limit:
         last_day = next_month(month) - DAY
         if month not in months_done:
-            if last_day not in rolled_days:
+            # Days rolled up by this run count as published unless their checks fail (then the month waits).
+            if last_day not in rolled_days or any(month <= d < next_month(month) for d in unpublished_days):
                 break
             plan.months.append(month)
         month = next_month(month)
@@ -136,12 +153,17 @@ def close(settings: Settings, spark_factory: Callable[[], object], until: dateti
 
     ``only`` limits the run to some of ``STEPS``; days and months are still only rolled up
     once all their hours are frozen and published, so running steps separately is safe.
+    Every period produced is checked before it is published; when a critical check fails the
+    run still writes everything else it may, then raises ``CheckFailed`` (CLI exit 3).
     """
     warehouse = Warehouse(settings)
     with inbox_mod.warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic close"):
         warehouse.create_all()
         finish_pending(settings, warehouse, spark_factory, progress)
-        return close_locked(settings, warehouse, spark_factory, until, progress, only)
+        result = close_locked(settings, warehouse, spark_factory, until, progress, only)
+    if result.failed:
+        raise CheckFailed("; ".join(result.failed), result)
+    return result
 
 
 def close_locked(settings: Settings, warehouse: Warehouse, spark_factory, until: datetime | None,
@@ -156,29 +178,47 @@ def close_locked(settings: Settings, warehouse: Warehouse, spark_factory, until:
 
 
 def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, progress=print) -> None:
-    """Run a close plan with Spark: freeze → roll up days → months → expire → maintenance."""
+    """Run a close plan with Spark: freeze → roll up days → months (each checked) → expire → maintenance → report."""
+    from traffic.quality import build_data_docs, preload
+
+    if plan.hours or plan.days or plan.months:
+        preload()
+    checks = []
     clock = time.perf_counter()
     if plan.hours:
         progress(f"freezing {len(plan.hours)} hour(s) {plan.hours[0]:%Y-%m-%d %H:00} … {plan.hours[-1]:%Y-%m-%d %H:00}")
-        failed = freeze_hours(warehouse, plan.hours)
+        check = _validation(warehouse, "freeze", [("hour", h) for h in plan.hours])
+        failed = freeze_hours(warehouse, plan.hours, check)
+        checks.append(check)
         result.hours_frozen = plan.hours
-        result.failed += [f"hour {h:%Y-%m-%dT%H:00Z}: {why}" for h, why in failed.items()]
+        result.failed += list(failed.values())
+        result.warnings += _warnings(check, "hour", plan.hours)
         if failed:
             first_bad = min(failed)
             plan.days = [d for d in plan.days if day_start(d) + DAY <= first_bad.replace(hour=0)]
             plan.months = [m for m in plan.months if next_month(m) <= first_bad.replace(hour=0)]
     result.seconds["freeze"] = time.perf_counter() - clock
     clock = time.perf_counter()
-    for day in plan.days:
-        roll_up_day(warehouse, day)
-        result.days_rolled.append(day)
     if plan.days:
-        progress(f"rolled up {len(plan.days)} day(s): {', '.join(d.isoformat() for d in plan.days)}")
-    for month in plan.months:
-        roll_up_month(warehouse, month)
-        result.months_rolled.append(month)
+        rolled, failures, check = roll_up_days(warehouse, plan.days, frozen_now=set(plan.hours))
+        checks.append(check)
+        result.days_rolled += rolled
+        result.failed += failures
+        result.warnings += _warnings(check, "day", [day_start(d) for d in rolled])
+        if rolled:
+            progress(f"rolled up {len(rolled)} day(s): {', '.join(d.isoformat() for d in rolled)}")
+        waiting = [d for d in plan.days if d not in rolled]
+        if waiting:
+            progress(f"day(s) waiting for unpublished hours: {', '.join(d.isoformat() for d in waiting)}")
     if plan.months:
-        progress(f"rolled up month(s): {', '.join(f'{m:%Y-%m}' for m in plan.months)}")
+        rolled_months, failures, check = roll_up_months(warehouse, plan.months,
+                                                        rolled_now={day_start(d) for d in result.days_rolled})
+        checks.append(check)
+        result.months_rolled += rolled_months
+        result.failed += failures
+        result.warnings += _warnings(check, "month", rolled_months)
+        if rolled_months:
+            progress(f"rolled up month(s): {', '.join(f'{m:%Y-%m}' for m in rolled_months)}")
     result.seconds["roll_up"] = time.perf_counter() - clock
     clock = time.perf_counter()
     if plan.expire_packets:
@@ -190,55 +230,179 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
             warehouse.table(table).delete_keys(keys, op="expire")
     maintain(warehouse)
     result.seconds["expire_maintain"] = time.perf_counter() - clock
+    checks = [c for c in checks if c is not None]
+    result.seconds["quality"] = sum(c.seconds for c in checks)
+    if checks:
+        clock = time.perf_counter()
+        try:
+            build_data_docs(warehouse, checks)
+        except Exception as error:  # noqa: BLE001 - the accounting is written; docs are a view of it
+            progress(f"warning: Data Docs not rebuilt: {type(error).__name__}: {error}")
+        result.seconds["data_docs"] = time.perf_counter() - clock
+        evaluated = sum(len(c.outcomes) for c in checks)
+        progress(f"data quality: {evaluated:,} check(s) evaluated, {len(result.failed)} period(s) failed, "
+                 f"{len(result.warnings)} flagged ({result.seconds['quality']:.1f} s validating, "
+                 f"{result.seconds['data_docs']:.1f} s Data Docs)")
+    if result.hours_frozen or result.days_rolled or result.months_rolled:
+        clock = time.perf_counter()
+        refresh_report(warehouse.settings, progress)
+        result.seconds["report"] = time.perf_counter() - clock
 
 
-def freeze_hours(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime, str]:
-    """Write final rows and ledger rows for ``hours`` in one pass; returns failed hours and why."""
+def refresh_report(settings: Settings, progress=print) -> None:
+    """Rewrite ``<warehouse>/_reports/index.html`` (Arrow reads only); a failure here never fails a close."""
+    from traffic.html_report import write_report
+
+    try:
+        write_report(settings)
+    except Exception as error:  # noqa: BLE001 - the report is a view; the tables are the truth
+        progress(f"warning: report not refreshed: {type(error).__name__}: {error}")
+
+
+def _validation(warehouse: Warehouse, step: str, periods, inputs=()):
+    from traffic.quality import Validation
+
+    return Validation(warehouse, step, list(periods), list(inputs))
+
+
+def _warnings(check, grain: str, starts) -> list[str]:
+    from traffic.quality import period_label
+
+    notes = []
+    for start in starts:
+        status, note = check.status(grain, start)
+        if status == "warning":
+            notes.append(f"{grain} {period_label(grain, start)}: {note}")
+    return notes
+
+
+def _utc_hour(value) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _sums(frame, column: str, extra=()) -> dict:
+    """Per-period Σ bytes and Σ packets of a Spark frame (one small collect)."""
+    from pyspark.sql import functions as F
+
+    aggs = [F.sum("bytes").alias("bytes"), *extra]
+    return {r[column]: r for r in frame.groupBy(column).agg(*aggs).collect()}
+
+
+def _arrow_sums(table: pa.Table, column: str, counted: str = "packets") -> dict[datetime, list[int]]:
+    """Per-period [Σ bytes, Σ packets] of an Arrow table (``counted=None``: count rows as packets)."""
+    sums: dict[datetime, list[int]] = {}
+    values = table.column(column).to_pylist()
+    sizes = table.column("bytes").to_pylist()
+    counts = table.column(counted).to_pylist() if counted else [1] * len(values)
+    for value, size, count in zip(values, sizes, counts):
+        key = value if isinstance(value, datetime) else datetime(value.year, value.month, value.day)
+        entry = sums.setdefault(_utc_hour(key), [0, 0])
+        entry[0] += size or 0
+        entry[1] += count or 0
+    return sums
+
+
+def _ledger_frame(rows: list[dict]):
+    """The ledger rows beside their reconciliation totals, as the pandas frame the ``periods`` suite checks."""
+    import pandas as pd
+
+    columns = ["grain", "period_start", "bytes", "packets", "late_bytes", "late_packets", "sources_reporting",
+               "sources_expected", "panes_active", "table_bytes", "table_packets", "source_bytes", "source_packets",
+               "parts_bytes", "late_kept_bytes", "rows_differing", "seconds_past_start"]
+    records = []
+    for r in rows:
+        start = r["period_start"]
+        aligned = {"hour": start.replace(minute=0, second=0, microsecond=0),
+                   "day": start.replace(hour=0, minute=0, second=0, microsecond=0),
+                   "month": start.replace(day=1, hour=0, minute=0, second=0, microsecond=0)}.get(r["grain"], start)
+        records.append({**{c: r.get(c) for c in columns},
+                        "seconds_past_start": int((start - aligned).total_seconds())})
+    frame = pd.DataFrame.from_records(records, columns=columns)
+    for name in columns[2:]:
+        frame[name] = frame[name].astype("Int64")
+    return frame
+
+
+def _late_kept(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime, int | None]:
+    """Σ late_packets bytes per hour, or None for hours whose late records may already have expired."""
+    watermark = st.read_clock_state(warehouse).watermark
+    bound = hour_floor(watermark) - warehouse.settings.late_retention if watermark else None
+    late = warehouse.table("late_packets").read_arrow(keys=[cluster_key(h, "hour") for h in hours],
+                                                      columns=["hour", "bytes"])
+    sums = _arrow_sums(late, "hour", counted=None)
+    return {h: (None if bound is not None and h < bound else sums.get(h, [0, 0])[0]) for h in hours}
+
+
+def _validate_side_tables(warehouse: Warehouse, check, keys: list[str], periods: list, step: str) -> None:
+    """Ingest health of the hours that have late records or rejects (one run per table over all of them)."""
+    for name in ("late_packets", "rejects"):
+        present = sorted({f.key for f in warehouse.table(name).files(keys=keys)})
+        if present:
+            covered = [p for p in periods if cluster_key(p[1], "hour") in present]
+            check.validate(name, warehouse.table(name).read(keys=present), covered, asset=f"{name}.{step}")
+
+
+def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dict[datetime, str]:
+    """Write final rows, check them and write the ledger rows for ``hours`` in one pass.
+
+    Returns the hours that failed a critical check, each with the message naming the check
+    and the value it failed with. A failed hour keeps its final rows but is not published
+    (``dq_status = failed``), so no day is rolled up over it.
+    """
     from pyspark.sql import functions as F
 
     from traffic import transforms as T
 
+    check = check or _validation(warehouse, "freeze", [("hour", h) for h in hours])
     keys = [cluster_key(h, "hour") for h in hours]
-    final = T.hourly_totals(warehouse.table("packets").read(keys=keys), "final")
+    periods = [("hour", h) for h in hours]
+    packets = warehouse.table("packets").read(keys=keys).persist()
+    final = T.hourly_totals(packets, "final").persist()
     open_rows = warehouse.table("hourly").read(keys=keys)
-    final = final.persist()
     # Built-in check: the open rows the micro-batches maintained equal the totals recomputed from raw detail.
     cols = ["hour", "local_ip", "remote_ip", *T.AMOUNTS]
-    mismatched = final.select(*cols).exceptAll(open_rows.select(*cols)).union(
-        open_rows.select(*cols).exceptAll(final.select(*cols))).select("hour").distinct().collect()
-    mismatch_hours = {r["hour"].replace(tzinfo=UTC) if r["hour"].tzinfo is None else r["hour"] for r in mismatched}
-    totals = {(r["hour"].replace(tzinfo=UTC) if r["hour"].tzinfo is None else r["hour"]): r for r in
-              final.groupBy("hour").agg(F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")).collect()}
+    differing = {_utc_hour(r["hour"]): r["count"] for r in
+                 final.select(*cols).exceptAll(open_rows.select(*cols)).union(
+                     open_rows.select(*cols).exceptAll(final.select(*cols))).groupBy("hour").count().collect()}
+    raw = {_utc_hour(k): v for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
     warehouse.table("hourly").replace(final, keys=keys, op="freeze")
-    final.unpersist()
+    stored = _arrow_sums(warehouse.table("hourly").read_arrow(keys=keys, columns=["hour", "bytes", "packets"]), "hour")
 
     late = warehouse.table("late_packets").read_arrow(keys=keys, columns=["hour", "bytes"])
-    late_totals: dict[datetime, list[int]] = {}
-    for hour, size in zip(late.column("hour").to_pylist(), late.column("bytes").to_pylist()):
-        entry = late_totals.setdefault(hour.astimezone(UTC), [0, 0])
-        entry[0] += size
-        entry[1] += 1
+    late_totals = _arrow_sums(late, "hour", counted=None)
+    late_kept = _late_kept(warehouse, hours)
     completeness = _completeness(warehouse, hours)
     history = st.watermark_history(warehouse)
-    failed: dict[datetime, str] = {}
     rows = []
     for hour in hours:
-        total = totals.get(hour)
-        status, note = "passed", None
-        if hour in mismatch_hours:
-            status, note = "failed", "open rows differ from totals recomputed from packets"
-            failed[hour] = note
         late_bytes, late_packets = late_totals.get(hour, (0, 0))
         reporting, expected, active = completeness[hour]
+        table_bytes, table_packets = stored.get(hour, (0, 0))
+        source = raw.get(hour)
         rows.append({
-            "grain": "hour", "period_start": hour,
-            "bytes": int(total["bytes"]) if total else 0, "packets": int(total["packets"]) if total else 0,
+            "grain": "hour", "period_start": hour, "bytes": table_bytes, "packets": table_packets,
             "late_bytes": late_bytes, "late_packets": late_packets,
             "sources_reporting": reporting, "sources_expected": expected, "panes_active": active,
             "closed_at_watermark": st.closed_at(history, hour + HOUR),
-            "dq_status": status, "restated": None, "dq_note": note,
+            "dq_status": None, "restated": None, "dq_note": None,
+            # reconciliation (checked by the `periods` suite, not stored)
+            "table_bytes": table_bytes, "table_packets": table_packets,
+            "source_bytes": int(source["bytes"]) if source else 0, "source_packets": int(source["packets"]) if source else 0,
+            "late_kept_bytes": late_kept[hour], "rows_differing": differing.get(hour, 0),
         })
-    st.write_ledger_rows(warehouse, rows, op="freeze")
+    check.validate("packets", packets, periods, asset="packets.freeze")
+    _validate_side_tables(warehouse, check, keys, periods, "freeze")
+    check.validate("hourly", final, periods, asset="hourly.freeze")
+    check.validate("periods", _ledger_frame(rows), periods, asset="periods.freeze")
+    packets.unpersist()
+    final.unpersist()
+    failed: dict[datetime, str] = {}
+    for row in rows:
+        row["dq_status"], row["dq_note"] = check.status("hour", row["period_start"])
+        if row["dq_status"] == "failed":
+            failed[row["period_start"]] = check.message("hour", row["period_start"])
+    check.record()
+    st.write_ledger_rows(warehouse, _store(rows), op="freeze")
     return failed
 
 
@@ -273,53 +437,223 @@ def _children_summary(ledger_rows: list[dict]) -> dict:
     }
 
 
-def roll_up_day(warehouse: Warehouse, day: date, restated: str | None = None) -> None:
-    """``daily`` for one closed day from its final hourly rows, then its ledger row."""
+def _published(row: dict | None) -> bool:
+    return row is not None and row["dq_status"] in PUBLISHED
+
+
+def _recheck(check, rows: list[dict], grain: str) -> list[dict]:
+    """Ledger rows to rewrite after a re-check: published periods that now fail a critical check.
+
+    Accepted periods stay accepted (an operator looked at them); the failure is still recorded.
+    """
+    changed = []
+    for row in rows:
+        status, note = check.status(grain, row["period_start"])
+        if status == "failed" and row["dq_status"] in ("passed", "warning"):
+            changed.append({**row, "dq_status": "failed", "dq_note": f"re-check: {note}"})
+    return changed
+
+
+def _store(rows: list[dict]) -> list[dict]:
+    """Ledger rows without the reconciliation columns (those are checked, not stored)."""
+    from traffic.schemas import columns
+
+    names = columns("periods")
+    return [{k: r.get(k) for k in names} for r in rows]
+
+
+def roll_up_days(warehouse: Warehouse, days: list[date], frozen_now=frozenset(), restated: str | None = None):
+    """``daily`` for closed days in one pass: re-check their hours, roll up, check, publish.
+
+    The day's hours are checked again first (their rows and ledger rows, except hours this run
+    has just frozen): an hour found corrupt is marked failed and its day waits. Days roll up in
+    order; the first one that cannot stops the rest. Returns (days rolled, failure messages, check).
+    """
     from pyspark.sql import functions as F
 
     from traffic import transforms as T
 
-    start = day_start(day)
-    hourly = warehouse.table("hourly").read(key_min=cluster_key(start, "hour"), key_max=cluster_key(start + DAY, "hour"))
-    daily = T.roll_up(hourly.where(F.col("status") == "final"), "day", F.to_date("hour")) \
-        .withColumn("month", F.trunc("day", "month"))
-    warehouse.table("daily").replace(daily, keys=[cluster_key(start, "day")], op="roll_up")
-    stored = warehouse.table("daily").read_arrow(keys=[cluster_key(start, "day")], columns=["bytes", "packets"])
-    hours = [r for r in st.read_ledger(warehouse, "hour", keys=[cluster_key(start, "month")])
-             if start <= r["period_start"] < start + DAY]
-    st.write_ledger_rows(warehouse, [{
-        "grain": "day", "period_start": start,
-        "bytes": int(pc.sum(stored.column("bytes")).as_py() or 0),
-        "packets": int(pc.sum(stored.column("packets")).as_py() or 0),
-        **_children_summary(hours),
-        "sources_reporting": _sources_between(warehouse, max(start, min(r["period_start"] for r in hours)), start + DAY),
-        "closed_at_watermark": st.closed_at(st.watermark_history(warehouse), start + DAY),
-        "dq_status": "passed", "restated": restated, "dq_note": None,
-    }], op="roll_up")
+    state = st.read_clock_state(warehouse)
+    starts = sorted(day_start(d) for d in days)
+    begin, end = starts[0], starts[-1] + DAY
+    month_keys = sorted({cluster_key(month_start(s), "month") for s in starts})
+    ledger = st.read_ledger(warehouse, keys=month_keys)
+    hours = {r["period_start"]: r for r in ledger if r["grain"] == "hour" and begin <= r["period_start"] < end}
+    check = _validation(warehouse, "days", [("day", s) for s in starts], hours.values())
+    hourly = warehouse.table("hourly").read(key_min=cluster_key(begin, "hour"), key_max=cluster_key(end, "hour")).persist()
+    recheck = sorted(h for h in hours if h not in frozen_now)
+    failures: list[str] = []
+    changed: list[dict] = []
+    if recheck:
+        periods = [("hour", h) for h in recheck]
+        keys = [cluster_key(h, "hour") for h in recheck]
+        rows_of = hourly.where(F.col("hour").isin(recheck)) if len(recheck) < len(hours) else hourly
+        check.validate("hourly", rows_of, periods, asset="hourly.recheck")
+        _validate_side_tables(warehouse, check, keys, periods, "days")
+        final_sums = _arrow_sums(warehouse.table("hourly").read_arrow(
+            keys=keys, columns=["hour", "bytes", "packets"], filter=pc.field("status") == "final"), "hour")
+        present = set(warehouse.table("packets").keys()) & set(keys)
+        raw = {}
+        if present:
+            packets = warehouse.table("packets").read(keys=sorted(present))
+            raw = {_utc_hour(k): v for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
+        late_kept = _late_kept(warehouse, recheck)
+        view = []
+        for h in recheck:
+            source = raw.get(h)
+            view.append({**hours[h], "table_bytes": final_sums.get(h, (0, 0))[0],
+                         "table_packets": final_sums.get(h, (0, 0))[1],
+                         "source_bytes": int(source["bytes"]) if source else None,
+                         "source_packets": int(source["packets"]) if source else None,
+                         "late_kept_bytes": late_kept[h]})
+        check.validate("periods", _ledger_frame(view), periods, asset="periods.recheck-hours")
+        changed = _recheck(check, [hours[h] for h in recheck], "hour")
+        for row in changed:
+            hours[row["period_start"]] = row
+            failures.append(check.message("hour", row["period_start"]))
+    rollable = []
+    for start in starts:
+        first = max(start, state.first_hour) if state.first_hour else start
+        needed = [first + HOUR * i for i in range(int((start + DAY - first) / HOUR))]
+        if not all(_published(hours.get(h)) for h in needed):
+            break
+        rollable.append(start)
+    day_rows = []
+    if rollable:
+        in_days = F.to_date("hour").isin([s.date() for s in rollable])
+        finals = hourly.where((F.col("status") == "final") & in_days)
+        daily = T.roll_up(finals, "day", F.to_date("hour")).withColumn("month", F.trunc("day", "month")).persist()
+        day_keys = [cluster_key(s, "day") for s in rollable]
+        warehouse.table("daily").replace(daily, keys=day_keys, op="roll_up")
+        stored = _arrow_sums(warehouse.table("daily").read_arrow(keys=day_keys, columns=["day", "bytes", "packets"]),
+                             "day")
+        from_hours = {_utc_hour(datetime.combine(r["day"], datetime.min.time())): r for r in
+                      finals.groupBy(F.to_date("hour").alias("day")).agg(
+                          F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")).collect()}
+        periods = [("day", s) for s in rollable]
+        check.validate("daily", daily, periods, asset="daily.days")
+        history = st.watermark_history(warehouse)
+        for start in rollable:
+            parts = [r for h, r in hours.items() if start <= h < start + DAY]
+            table_bytes, table_packets = stored.get(start, (0, 0))
+            source = from_hours.get(start)
+            day_rows.append({
+                "grain": "day", "period_start": start, "bytes": table_bytes, "packets": table_packets,
+                **_children_summary(parts),
+                "sources_reporting": _sources_between(warehouse, max(start, min(r["period_start"] for r in parts)),
+                                                      start + DAY),
+                "closed_at_watermark": st.closed_at(history, start + DAY),
+                "dq_status": None, "restated": restated, "dq_note": None,
+                "table_bytes": table_bytes, "table_packets": table_packets,
+                "source_bytes": int(source["bytes"]) if source else 0,
+                "source_packets": int(source["packets"]) if source else 0,
+                "parts_bytes": sum(r["bytes"] for r in parts),
+            })
+        check.validate("periods", _ledger_frame(day_rows), periods, asset="periods.days")
+        daily.unpersist()
+        for row in day_rows:
+            row["dq_status"], row["dq_note"] = check.status("day", row["period_start"])
+            if row["dq_status"] == "failed":
+                failures.append(check.message("day", row["period_start"]))
+    hourly.unpersist()
+    check.record()
+    st.write_ledger_rows(warehouse, _store(changed + day_rows), op="roll_up")
+    return [s.date() for s in rollable], failures, check
+
+
+def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=frozenset(), restated: str | None = None):
+    """``monthly`` for closed months in one pass: re-check their days, roll up, check, publish.
+
+    Like ``roll_up_days`` one level up: a day found corrupt (its rows no longer add up to its
+    ledger row) is marked failed and its month waits. Returns (months rolled, failures, check).
+    """
+    from pyspark.sql import functions as F
+
+    from traffic import transforms as T
+
+    months = sorted(months)
+    begin, end = months[0], next_month(months[-1])
+    month_keys = [cluster_key(m, "month") for m in months]
+    ledger = st.read_ledger(warehouse, keys=month_keys)
+    days = {r["period_start"]: r for r in ledger if r["grain"] == "day"}
+    hours = [r for r in ledger if r["grain"] == "hour"]
+    check = _validation(warehouse, "months", [("month", m) for m in months], days.values())
+    daily = warehouse.table("daily").read(key_min=cluster_key(begin, "day"), key_max=cluster_key(end, "day")).persist()
+    recheck = sorted(d for d in days if d not in rolled_now)
+    failures: list[str] = []
+    changed: list[dict] = []
+    if recheck:
+        periods = [("day", d) for d in recheck]
+        rows_of = daily.where(F.col("day").isin([d.date() for d in recheck]))
+        check.validate("daily", rows_of, periods, asset="daily.recheck")
+        sums = _arrow_sums(warehouse.table("daily").read_arrow(keys=[cluster_key(d, "day") for d in recheck],
+                                                                columns=["day", "bytes", "packets"]), "day")
+        view = [{**days[d], "table_bytes": sums.get(d, (0, 0))[0], "table_packets": sums.get(d, (0, 0))[1],
+                 "parts_bytes": sum(h["bytes"] for h in hours if d <= h["period_start"] < d + DAY)} for d in recheck]
+        check.validate("periods", _ledger_frame(view), periods, asset="periods.recheck-days")
+        changed = _recheck(check, [days[d] for d in recheck], "day")
+        for row in changed:
+            days[row["period_start"]] = row
+            failures.append(check.message("day", row["period_start"]))
+    state = st.read_clock_state(warehouse)
+    rollable = []
+    for month in months:
+        first = max(month, state.first_hour.replace(hour=0)) if state.first_hour else month
+        needed = [first + DAY * i for i in range(int((next_month(month) - first) / DAY))]
+        if not all(_published(days.get(d)) for d in needed):
+            break
+        rollable.append(month)
+    month_rows = []
+    if rollable:
+        in_months = F.trunc("day", "month").isin([m.date() for m in rollable])
+        of_months = daily.where(in_months)
+        monthly = T.roll_up(of_months, "month", F.trunc("day", "month")).persist()
+        keys = [cluster_key(m, "month") for m in rollable]
+        warehouse.table("monthly").replace(monthly, keys=keys, op="roll_up")
+        stored = _arrow_sums(warehouse.table("monthly").read_arrow(keys=keys, columns=["month", "bytes", "packets"]),
+                             "month")
+        from_days = {_utc_hour(datetime.combine(r["month"], datetime.min.time())): r for r in
+                     of_months.groupBy(F.trunc("day", "month").alias("month")).agg(
+                         F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")).collect()}
+        periods = [("month", m) for m in rollable]
+        check.validate("monthly", monthly, periods, asset="monthly.months")
+        history = st.watermark_history(warehouse)
+        for month in rollable:
+            parts = [r for d, r in days.items() if month <= d < next_month(month)]
+            table_bytes, table_packets = stored.get(month, (0, 0))
+            source = from_days.get(month)
+            month_rows.append({
+                "grain": "month", "period_start": month, "bytes": table_bytes, "packets": table_packets,
+                **_children_summary(parts),
+                "sources_reporting": _sources_between(warehouse, max(month, min(r["period_start"] for r in parts)),
+                                                      next_month(month)),
+                "closed_at_watermark": st.closed_at(history, next_month(month)),
+                "dq_status": None, "restated": restated, "dq_note": None,
+                "table_bytes": table_bytes, "table_packets": table_packets,
+                "source_bytes": int(source["bytes"]) if source else 0,
+                "source_packets": int(source["packets"]) if source else 0,
+                "parts_bytes": sum(r["bytes"] for r in parts),
+            })
+        check.validate("periods", _ledger_frame(month_rows), periods, asset="periods.months")
+        monthly.unpersist()
+        for row in month_rows:
+            row["dq_status"], row["dq_note"] = check.status("month", row["period_start"])
+            if row["dq_status"] == "failed":
+                failures.append(check.message("month", row["period_start"]))
+    daily.unpersist()
+    check.record()
+    st.write_ledger_rows(warehouse, _store(changed + month_rows), op="roll_up")
+    return rollable, failures, check
+
+
+def roll_up_day(warehouse: Warehouse, day: date, restated: str | None = None) -> None:
+    """``daily`` for one closed day (checked like any roll-up; kept for restatements)."""
+    roll_up_days(warehouse, [day], restated=restated)
 
 
 def roll_up_month(warehouse: Warehouse, month: datetime, restated: str | None = None) -> None:
-    """``monthly`` for one closed month from its ``daily`` rows, then its ledger row."""
-    from pyspark.sql import functions as F
-
-    from traffic import transforms as T
-
-    end = next_month(month)
-    daily = warehouse.table("daily").read(key_min=cluster_key(month, "day"), key_max=cluster_key(end, "day"))
-    monthly = T.roll_up(daily, "month", F.trunc("day", "month"))
-    key = cluster_key(month, "month")
-    warehouse.table("monthly").replace(monthly, keys=[key], op="roll_up")
-    stored = warehouse.table("monthly").read_arrow(keys=[key], columns=["bytes", "packets"])
-    days = st.read_ledger(warehouse, "day", keys=[key])
-    st.write_ledger_rows(warehouse, [{
-        "grain": "month", "period_start": month,
-        "bytes": int(pc.sum(stored.column("bytes")).as_py() or 0),
-        "packets": int(pc.sum(stored.column("packets")).as_py() or 0),
-        **_children_summary(days),
-        "sources_reporting": _sources_between(warehouse, max(month, min(r["period_start"] for r in days)), end),
-        "closed_at_watermark": st.closed_at(st.watermark_history(warehouse), end),
-        "dq_status": "passed", "restated": restated, "dq_note": None,
-    }], op="roll_up")
+    """``monthly`` for one closed month (checked like any roll-up; kept for restatements)."""
+    roll_up_months(warehouse, [month], restated=restated)
 
 
 def _sources_between(warehouse: Warehouse, start: datetime, end: datetime) -> int:

@@ -112,6 +112,8 @@ class Settings:
     shuffle_partitions: int = 4
     split_bytes: int = 64 * 1024 * 1024
     compact_min_files: int = 32
+    completeness_min_panes: int = 12
+    completeness_action: str = "warning"
     now: datetime | None = None
     fault_at: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -149,6 +151,8 @@ _PARSERS = {
     "shuffle_partitions": lambda n, v: _parse_int(n, v, 1),
     "split_bytes": lambda n, v: _parse_int(n, v, 1024),
     "compact_min_files": lambda n, v: _parse_int(n, v, 2),
+    "completeness_min_panes": lambda n, v: _parse_panes(n, v),
+    "completeness_action": lambda n, v: _choice(n, v, ("warning", "failure")),
     "now": _parse_now,
     "fault_at": lambda n, v: None if v in (None, "") else str(v),
     "extra": lambda n, v: dict(v),
@@ -160,6 +164,14 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
     if text not in allowed:
         raise SettingsError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
     return text
+
+
+def _parse_panes(name: str, value: Any) -> int:
+    """How many of an hour's twelve 5-minute panes must have every expected source (0–12)."""
+    number = _parse_int(name, value)
+    if number > 12:
+        raise SettingsError(f"{name}: {number} is more than the 12 five-minute panes of an hour")
+    return number
 
 
 def build_settings(values: Mapping[str, Any]) -> Settings:

@@ -54,6 +54,9 @@ class ModelSettings:
     max_history: timedelta = timedelta(days=400)
     #: Empty: a closed hour expects the sources seen in the 24 h ending at the hour's end.
     expected_sources: tuple[str, ...] = ()
+    #: An hour with fewer active panes, or fewer reporting sources than expected, is published as
+    #: a ``warning`` (the model covers the default action only: ``failure`` blocks roll-ups).
+    completeness_min_panes: int = 12
     late_retention: timedelta = timedelta(days=90)
     reject_retention: timedelta = timedelta(days=90)
 
@@ -362,10 +365,12 @@ class ReferenceModel:
             del self._open_hourly[key]
         self._final_hourly.update(final)
         reporting, expected, panes_active = self._hour_completeness(hour)
+        complete = panes_active >= self.settings.completeness_min_panes and reporting >= expected
         self._periods[("hour", hour)] = dict(
             bytes=sum(v[0] for v in final.values()), packets=sum(v[1] for v in final.values()),
             sources_reporting=reporting, sources_expected=expected, panes_active=panes_active,
             closed_at_watermark=self._closed_at(hour + HOUR),
+            dq_status="passed" if complete else "warning",
         )
 
     def _hour_completeness(self, hour: int) -> tuple[int, int, int]:
@@ -477,7 +482,7 @@ class ReferenceModel:
                 late_bytes=sum(v[0] for v in late), late_packets=sum(v[1] for v in late),
                 sources_reporting=row["sources_reporting"], sources_expected=row["sources_expected"],
                 panes_active=row["panes_active"], closed_at_watermark=row["closed_at_watermark"],
-                dq_status="passed", restated=None,
+                dq_status=row.get("dq_status", "passed"), restated=None,
             ))
         tables = dict(
             packets=[dict(p) for p in self._packets],

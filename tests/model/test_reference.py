@@ -64,9 +64,13 @@ def hourly_row(hour: datetime, size: int, count: int, status: str, local: str = 
 def period_row(grain: str, start: datetime, size: int, count: int, closed_at: datetime, *,
                reporting: int, expected: int, panes: int, late_bytes: int = 0,
                late_packets: int = 0) -> dict:
+    # Completeness (data-quality issue): an hour with fewer than 12 active panes, or a source
+    # missing, is published as a warning; days and months are checked by their reconciliation only.
+    incomplete = grain == "hour" and (panes < 12 or reporting < expected)
     return dict(grain=grain, period_start=start, bytes=size, packets=count, late_bytes=late_bytes,
                 late_packets=late_packets, sources_reporting=reporting, sources_expected=expected,
-                panes_active=panes, closed_at_watermark=closed_at, dq_status="passed", restated=None)
+                panes_active=panes, closed_at_watermark=closed_at,
+                dq_status="warning" if incomplete else "passed", restated=None)
 
 
 def ledger(model: ReferenceModel, grain: str) -> list[dict]:

@@ -1,0 +1,532 @@
+"""Data quality: Great Expectations suites run on what a close produces, before it is published.
+
+``expectations/<suite>.json`` is a Great Expectations 1.x suite, loaded at run time (nothing is
+built at import). Each expectation's ``meta`` says whether it is ``critical`` — a failure fails
+the period (``dq_status = failed``: not published, nothing rolled up over it, the job exits 3)
+— or a warning (published, flagged). ``meta.severity = "completeness"`` follows the
+``completeness_action`` setting instead. A suite's ``meta.view`` adds derived columns (Spark SQL
+expressions) to the DataFrame it validates, so row rules such as "bytes_in + bytes_out ≤ bytes"
+stay plain column expectations.
+
+One GX run per suite covers every period a step produces (all the hours a close freezes, all
+the days it rolls up). The first pass asks only pass/fail, which GX answers with one Spark
+aggregation for all column checks; only if something failed does a second pass collect the
+failing rows, which name the periods that failed and the values they failed with. The ledger
+rows and reconciliation totals are built on the driver (one row per period) and validated with
+GX's pandas engine. Every (expectation, period) lands in ``dq_results``; every run is rendered to
+GX's Data Docs under ``<warehouse>/_reports/data_docs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+from traffic.clock import month_start
+from traffic.delta import Warehouse, cluster_key
+
+UTC = timezone.utc
+SUITE_DIR = Path(__file__).resolve().parents[1] / "expectations"
+SUITES = ("packets", "late_packets", "rejects", "hourly", "daily", "monthly", "periods")
+#: Failing rows collected per expectation in the second pass; beyond it, failures are not attributed
+#: to single periods and every period of the batch fails (fail closed).
+SAMPLE_ROWS = 1000
+#: A Spark batch of at most this many rows is collected (Arrow) and validated by GX's pandas engine:
+#: same suite, same results, but no Spark job per metric (GX's Spark engine costs ~0.1–0.5 s per
+#: expectation even on ten rows). Larger batches are validated where they are, by GX's Spark engine.
+DRIVER_ROWS = 200_000
+DOCS_INDEX_RUNS = 100
+
+log = logging.getLogger(__name__)
+
+
+def reports_dir(warehouse: Warehouse) -> Path:
+    """``<warehouse>/_reports``: the HTML report and Data Docs (not a table)."""
+    return Path(warehouse.root) / "_reports"
+
+
+@lru_cache(maxsize=None)
+def suite_document(name: str) -> dict:
+    """The JSON document of one suite."""
+    path = SUITE_DIR / f"{name}.json"
+    if not path.exists():
+        raise KeyError(f"no expectation suite {name!r} in {SUITE_DIR}")
+    return json.loads(path.read_text())
+
+
+def period_label(grain: str, start: datetime) -> str:
+    """``2026-11-01T10:00Z``, ``2026-11-01`` or ``2026-11``: how a period is named to people."""
+    return {"hour": f"{start:%Y-%m-%dT%H:00Z}", "day": f"{start:%Y-%m-%d}", "month": f"{start:%Y-%m}"}[grain]
+
+
+def as_period(value: Any) -> datetime:
+    """A period start as aware UTC, from what Spark, pandas or GX hand back (datetime, date, Timestamp, text)."""
+    if hasattr(value, "to_pydatetime"):
+        value = value.to_pydatetime()
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, datetime):
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, date):
+        return datetime(value.year, value.month, value.day, tzinfo=UTC)
+    raise TypeError(f"not a period start: {value!r}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One expectation evaluated for one period (a ``dq_results`` row)."""
+
+    table: str
+    grain: str
+    period_start: datetime
+    suite: str
+    expectation: str
+    success: bool
+    observed: str
+    critical: bool
+    run_id: str
+
+    def row(self) -> dict:
+        return {"table": self.table, "grain": self.grain, "period_start": self.period_start, "suite": self.suite,
+                "expectation": self.expectation, "success": self.success, "observed": self.observed,
+                "run_id": self.run_id, "critical": self.critical}
+
+
+# -- the Great Expectations context ------------------------------------------------------------
+
+_CONTEXTS: dict[str, Any] = {}
+_PRELOAD: list = []
+
+
+def preload() -> None:
+    """Import Great Expectations in the background (a few seconds of pure Python) while Spark works.
+
+    A close calls this before its first Spark job; by the time it validates, GX is imported.
+    """
+    if _PRELOAD:
+        return
+    import threading
+
+    def load():
+        os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+        try:
+            import great_expectations  # noqa: F401
+            import pandas  # noqa: F401
+        except Exception:  # noqa: BLE001 - the real import, in the job's thread, reports any error
+            pass
+
+    thread = threading.Thread(target=load, name="gx-preload", daemon=True)
+    thread.start()
+    _PRELOAD.append(thread)
+
+
+def _context(root: Path):
+    """An ephemeral GX context whose validation results and Data Docs live under ``root`` (one per process)."""
+    key = str(root)
+    if key in _CONTEXTS:
+        return _CONTEXTS[key]
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    memory = {"class_name": "InMemoryStoreBackend"}
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(),
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False),
+        expectations_store_name="expectations_store",
+        validation_results_store_name="validation_results_store",
+        checkpoint_store_name="checkpoint_store",
+        stores={
+            "expectations_store": {"class_name": "ExpectationsStore", "store_backend": memory},
+            "validation_results_store": {
+                "class_name": "ValidationResultsStore",
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend",
+                                  "base_directory": str(root / "gx" / "validations")},
+            },
+            "checkpoint_store": {"class_name": "CheckpointStore", "store_backend": memory},
+            "validation_definition_store": {"class_name": "ValidationDefinitionStore", "store_backend": memory},
+        },
+        data_docs_sites={"data_docs": {
+            "class_name": "SiteBuilder",
+            "show_how_to_buttons": False,
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(root / "data_docs")},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder",
+                                   "validation_results_limit": DOCS_INDEX_RUNS},
+        }},
+    )
+    for name in ("great_expectations", "great_expectations.expectations.registry"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    context = gx.get_context(mode="ephemeral", project_config=config)
+    _CONTEXTS[key] = context
+    return context
+
+
+def _suite(context, name: str):
+    import great_expectations as gx
+
+    try:
+        return context.suites.get(name)
+    except Exception:  # noqa: BLE001 - GX raises its own not-found error type
+        doc = suite_document(name)
+        expectations = []
+        for item in doc["expectations"]:
+            meta = item.get("meta", {})
+            severity = "completeness" if meta.get("severity") == "completeness" else (
+                "critical" if meta.get("critical") else "warning")
+            expectations.append({**item, "description": f"[{severity}] {meta.get('label', item['type'])}"})
+        return context.suites.add(gx.ExpectationSuite(name=name, expectations=expectations, meta=doc.get("meta", {})))
+
+
+def _definition(context, suite_name: str, asset_name: str, engine: str):
+    """The validation definition of ``suite`` over one in-memory DataFrame asset (created on first use)."""
+    import great_expectations as gx
+
+    name = f"{suite_name}@{asset_name}"
+    try:
+        return context.validation_definitions.get(name)
+    except Exception:  # noqa: BLE001
+        pass
+    source_name = f"traffic-{engine}"
+    try:
+        source = context.data_sources.get(source_name)
+    except Exception:  # noqa: BLE001
+        source = (context.data_sources.add_spark(name=source_name, persist=False) if engine == "spark"
+                  else context.data_sources.add_pandas(name=source_name))
+    try:
+        asset = source.get_asset(asset_name)
+    except Exception:  # noqa: BLE001
+        asset = source.add_dataframe_asset(name=asset_name)
+    try:
+        batch = asset.get_batch_definition("whole")
+    except Exception:  # noqa: BLE001
+        batch = asset.add_batch_definition_whole_dataframe("whole")
+    return context.validation_definitions.add(
+        gx.ValidationDefinition(name=name, data=batch, suite=_suite(context, suite_name)))
+
+
+# -- one step's validation run -----------------------------------------------------------------
+
+@dataclass
+class Validation:
+    """The checks of one close step (freeze, days or months) over all the periods it produces.
+
+    ``run_id`` is derived from the step, its periods and the ledger rows it starts from, so a
+    step killed half-way and run again records the same rows (``dq_results`` is replaced per run).
+    """
+
+    warehouse: Warehouse
+    step: str
+    periods: list[tuple[str, datetime]]
+    inputs: Iterable[dict] = ()
+    outcomes: list[Outcome] = field(default_factory=list)
+    identifiers: list[Any] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __post_init__(self):
+        first, last = min(p for _, p in self.periods), max(p for _, p in self.periods)
+        grain = self.periods[0][0]
+        digest = hashlib.sha1(json.dumps(
+            [sorted((g, p.isoformat()) for g, p in self.periods),
+             sorted((r["grain"], r["period_start"].isoformat(), r.get("dq_status"), str(r.get("accepted_at")))
+                    for r in self.inputs)]).encode()).hexdigest()[:8]
+        span = period_label(grain, first).replace(":", "").replace("-", "")
+        if last != first:
+            span += "-" + period_label(grain, last).replace(":", "").replace("-", "")
+        self.run_id = f"{self.step}-{span}-{digest}"
+        self.settings = self.warehouse.settings
+
+    # -- running suites -----------------------------------------------------------------------
+    def validate(self, suite: str, frame, periods: Iterable[tuple[str, datetime]], asset: str | None = None,
+                 table: str | None = None) -> list[Outcome]:
+        """Run ``suite`` once over ``frame`` (Spark, or pandas for the ledger) and attribute results to periods."""
+        import time
+
+        from great_expectations.core.run_identifier import RunIdentifier
+
+        clock = time.perf_counter()
+        doc = suite_document(suite)
+        meta = doc.get("meta", {})
+        engine = meta.get("engine", "spark")
+        if engine == "spark":
+            if meta.get("view"):
+                frame = frame.selectExpr("*", *[f"{expr} AS `{name}`" for name, expr in meta["view"].items()])
+            if frame.count() <= DRIVER_ROWS:
+                frame, engine = _pandas(frame.toArrow()), "pandas"
+        context = _context(reports_dir(self.warehouse))
+        definition = _definition(context, suite, asset or f"{suite}.{self.step}", engine)
+        index_columns = ["grain", "period_start"] if meta.get("period_column") == "period_start" else \
+            [meta["period_column"]]
+        run = RunIdentifier(run_name=self.run_id, run_time=datetime.now(UTC))
+        parameters = {"completeness_min_panes": self.settings.completeness_min_panes}
+        result = definition.run(batch_parameters={"dataframe": frame}, expectation_parameters=parameters,
+                                result_format="BOOLEAN_ONLY", run_id=run)
+        if not result.success:
+            # Same run id and batch: this detailed result replaces the first one in the store (and in Data Docs).
+            result = definition.run(batch_parameters={"dataframe": frame}, expectation_parameters=parameters,
+                                    result_format={"result_format": "SUMMARY", "partial_unexpected_count": SAMPLE_ROWS,
+                                                   "unexpected_index_column_names": index_columns,
+                                                   "return_unexpected_index_query": False},
+                                    run_id=run)
+        self.identifiers.append(self._identifier(suite, run, result))
+        outcomes = self._outcomes(suite, table or meta["table"], meta, list(periods), result)
+        self.outcomes += outcomes
+        self.seconds += time.perf_counter() - clock
+        return outcomes
+
+    @staticmethod
+    def _identifier(suite: str, run, result):
+        from great_expectations.data_context.types.resource_identifiers import (
+            ExpectationSuiteIdentifier,
+            ValidationResultIdentifier,
+        )
+
+        return ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=suite),
+                                          run_id=run, batch_identifier=result.batch_id)
+
+    def _critical(self, meta: dict) -> bool:
+        if meta.get("severity") == "completeness":
+            return self.settings.completeness_action == "failure"
+        return bool(meta.get("critical"))
+
+    def _outcomes(self, suite: str, table: str, suite_meta: dict, periods: list[tuple[str, datetime]],
+                  result) -> list[Outcome]:
+        outcomes = []
+        for item in result.results:
+            config = item.expectation_config
+            meta = config.meta or {}
+            name = f"{config.type}({meta.get('label', '')})"
+            critical = self._critical(meta)
+            raised = (item.exception_info or {}).get("raised_exception")
+            failed: dict[tuple[str, datetime], str] = {}
+            if raised:
+                message = str((item.exception_info or {}).get("exception_message", "")).strip().splitlines()
+                failed = {p: f"check could not run: {message[0][:200] if message else 'error'}" for p in periods}
+            elif not item.success:
+                failed = _attribute(item.result or {}, config, suite_meta, periods)
+            for grain, start in periods:
+                why = failed.get((grain, start))
+                outcomes.append(Outcome(table, grain, start, suite, name, why is None,
+                                        "ok" if why is None else why, critical, self.run_id))
+        return outcomes
+
+    # -- decisions ----------------------------------------------------------------------------
+    def status(self, grain: str, start: datetime) -> tuple[str, str | None]:
+        """``passed``/``warning``/``failed`` and a note naming the checks that did not hold."""
+        mine = [o for o in self.outcomes if o.grain == grain and o.period_start == start and not o.success]
+        critical = [o for o in mine if o.critical]
+        chosen = critical or mine
+        if not chosen:
+            return "passed", None
+        note = "; ".join(f"{o.suite}: {o.expectation} failed: {o.observed}" for o in chosen)
+        return ("failed" if critical else "warning"), note[:1000]
+
+    def failures(self, grain: str, start: datetime) -> list[Outcome]:
+        return [o for o in self.outcomes if o.grain == grain and o.period_start == start
+                and not o.success and o.critical]
+
+    def message(self, grain: str, start: datetime) -> str:
+        """What a person reads when the job fails: ``hour 2026-11-01T10:00Z: <check> failed: <value>``."""
+        checks = "; ".join(f"{o.expectation} failed: {o.observed}" for o in self.failures(grain, start))
+        return f"{grain} {period_label(grain, start)}: {checks}"
+
+    # -- recording ----------------------------------------------------------------------------
+    def record(self) -> None:
+        """Write this run's outcomes to ``dq_results`` (replacing an earlier attempt of the same run)."""
+        if not self.outcomes:
+            return
+        table = self.warehouse.table("dq_results")
+        keys = sorted({cluster_key(month_start(o.period_start), "month") for o in self.outcomes})
+        existing = table.read_arrow(keys=keys)
+        import pyarrow.compute as pc
+
+        keep = existing.filter(pc.invert(pc.fill_null(pc.equal(existing.column("run_id"), self.run_id), False)))
+        fresh = pa.Table.from_pylist([o.row() for o in self.outcomes], schema=table.arrow_schema)
+        table.replace(pa.concat_tables([keep, fresh]), keys=keys, op="quality")
+
+
+def build_data_docs(warehouse: Warehouse, validations: Iterable[Validation]) -> None:
+    """Render the runs' validation results (and their suites) into Data Docs; index of the latest runs."""
+    identifiers = [i for v in validations for i in v.identifiers]
+    if not identifiers:
+        return
+    from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
+
+    context = _context(reports_dir(warehouse))
+    suites = sorted({i.expectation_suite_identifier.name for i in identifiers})
+    context.build_data_docs(resource_identifiers=identifiers + [ExpectationSuiteIdentifier(name=s) for s in suites])
+
+
+def docs_pages(warehouse: Warehouse) -> dict[tuple[str, str], dict[str, str]]:
+    """(suite, run_id) → {asset: newest Data Docs page}, paths relative to ``_reports`` (for the report).
+
+    Pages live at ``data_docs/validations/<suite>/<run_id>/<run time>/<source>-<asset>.html``; a
+    run killed and run again has two run times, and the newest wins.
+    """
+    base = reports_dir(warehouse) / "data_docs" / "validations"
+    pages: dict[tuple[str, str], dict[str, str]] = {}
+    if not base.is_dir():
+        return pages
+    for page in sorted(base.glob("*/*/*/*.html")):
+        suite, run_name = page.parts[-4], page.parts[-3]
+        asset = page.stem.split("-", 2)[-1] if page.stem.startswith("traffic-") else page.stem
+        pages.setdefault((suite, run_name), {})[asset] = page.relative_to(reports_dir(warehouse)).as_posix()
+    return pages
+
+
+# -- failing rows → periods --------------------------------------------------------------------
+
+def _attribute(result: dict, config, suite_meta: dict, periods: list[tuple[str, datetime]]) -> dict:
+    """Which periods an expectation failed for, and what it saw there (from the second pass's sample)."""
+    sample = result.get("partial_unexpected_index_list") or result.get("unexpected_index_list")
+    count = result.get("unexpected_count")
+    if sample is None or count is None or count > len(sample):
+        text = f"{count:,} rows (not attributed to single periods)" if count is not None else "failed"
+        return {p: text for p in periods}
+    grain = suite_meta.get("grain")
+    column = suite_meta.get("period_column")
+    by_period: dict[tuple[str, datetime], list[dict]] = {}
+    for entry in sample:
+        if column == "period_start":
+            key = (entry.get("grain"), as_period(entry.get("period_start")))
+        else:
+            key = (grain, as_period(entry.get(column)))
+        by_period.setdefault(key, []).append(entry)
+    if not set(by_period) <= set(periods):
+        # Rows outside the periods being checked (should not happen): blame the whole batch.
+        return {p: f"{count:,} rows" for p in periods}
+    return {p: _describe(config, rows) for p, rows in by_period.items()}
+
+
+def _pandas(table: pa.Table):
+    """Arrow → pandas for GX, integers kept as nullable integers (not floats with NaN)."""
+    import pandas as pd
+
+    mapping = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype(), pa.int16(): pd.Int16Dtype(),
+               pa.int8(): pd.Int8Dtype(), pa.bool_(): pd.BooleanDtype()}
+    return table.to_pandas(types_mapper=mapping.get)
+
+
+def _describe(config, rows: list[dict]) -> str:
+    kwargs = config.kwargs
+    n = len(rows)
+    head = f"{n} row{'s' if n != 1 else ''}"
+    kind = config.type
+    if "column" in kwargs:
+        values = [_fmt(r.get(kwargs["column"])) for r in rows]
+        if kind == "expect_column_values_to_not_be_null":
+            return f"{head} null"
+        if kind == "expect_column_values_to_be_between":
+            numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if numbers:
+                low, high = min(numbers), max(numbers)
+                return f"{head}, min {_fmt(low)}" + (f", max {_fmt(high)}" if high != low else "")
+        return f"{head}: {', '.join(repr(_fmt(v)) for v in _distinct(values)[:3])}"
+    if "column_A" in kwargs:
+        pairs = _distinct([(_fmt(r.get(kwargs["column_A"])), _fmt(r.get(kwargs["column_B"]))) for r in rows])
+        sign = "≠" if "equal" in kind else "<"
+        shown = ", ".join(f"{kwargs['column_A']} {_fmt(a)} {sign} {kwargs['column_B']} {_fmt(b)}" for a, b in pairs[:3])
+        return f"{head}: {shown}"
+    if "column_list" in kwargs:
+        keys = _distinct([tuple(_fmt(r.get(c)) for c in kwargs["column_list"]) for r in rows])
+        return f"{head} share a key: " + ", ".join("(" + ", ".join(map(str, k)) + ")" for k in keys[:3])
+    return head
+
+
+def _distinct(values: list) -> list:
+    seen, result = set(), []
+    for v in values:
+        key = repr(v)
+        if key not in seen:
+            seen.add(key)
+            result.append(v)
+    return result
+
+
+def _fmt(value):
+    """Plain Python values for messages (pandas/numpy scalars, NA, timestamps)."""
+    if value is None or value is getattr(__import__("pandas"), "NA", object()):
+        return None
+    if hasattr(value, "to_pydatetime"):
+        value = value.to_pydatetime()
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%dT%H:%M:%S")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return value
+
+
+# -- operator acceptance -----------------------------------------------------------------------
+
+class AcceptError(ValueError):
+    """A period cannot be accepted as asked; the message says why."""
+
+
+def parse_period(text: str) -> tuple[str, datetime]:
+    """``2026-11`` (month), ``2026-11-01`` (day) or an ISO hour (``2026-11-01T10``, ``…T10:00Z``) → (grain, start)."""
+    value = text.strip()
+    try:
+        if len(value) == 7:
+            return "month", datetime.strptime(value, "%Y-%m").replace(tzinfo=UTC)
+        if len(value) == 10:
+            return "day", datetime.strptime(value, "%Y-%m-%d").replace(tzinfo=UTC)
+        if len(value) == 13:
+            return "hour", datetime.strptime(value, "%Y-%m-%dT%H").replace(tzinfo=UTC)
+        start = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise AcceptError(f"--period {text!r}: expected a month (2026-11), a day (2026-11-01) or an hour "
+                          "(2026-11-01T10:00Z)") from None
+    start = start.replace(tzinfo=UTC) if start.tzinfo is None else start.astimezone(UTC)
+    if start.minute or start.second or start.microsecond:
+        raise AcceptError(f"--period {text!r}: an hour starts on the hour")
+    return "hour", start
+
+
+def accept(settings, period: str, reason: str, by: str, now: datetime | None = None) -> dict:
+    """An operator accepts a failed period: ``dq_status = accepted``, with who, when and why (audited).
+
+    The ledger row keeps its ``dq_note`` (why it failed); ``dq_results`` gets an ``accepted`` row.
+    Roll-ups over the period proceed at the next close.
+    """
+    from traffic import inbox as inbox_mod
+    from traffic import state as st
+
+    if not (reason or "").strip():
+        raise AcceptError("accept needs --reason (it is kept in the ledger)")
+    grain, start = parse_period(period)
+    warehouse = Warehouse(settings, engine="rs")
+    if not warehouse.exists():
+        raise AcceptError(f"no warehouse at {settings.warehouse}")
+    with inbox_mod.warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic accept"):
+        rows = st.read_ledger(warehouse, grain, keys=[cluster_key(month_start(start), "month")])
+        row = next((r for r in rows if r["period_start"] == start), None)
+        label = f"{grain} {period_label(grain, start)}"
+        if row is None:
+            raise AcceptError(f"{label} is not closed (no ledger row): nothing to accept")
+        if row["dq_status"] != "failed":
+            raise AcceptError(f"{label} is {row['dq_status']}: only a failed period can be accepted")
+        when = now or datetime.now(UTC)
+        accepted = {**row, "dq_status": "accepted", "accepted_by": by, "accepted_at": when,
+                    "accepted_reason": reason.strip()}
+        table = warehouse.table("dq_results")
+        run_id = f"accept-{period_label(grain, start).replace(':', '').replace('-', '')}-{when:%Y%m%dT%H%M%SZ}"
+        entry = Outcome("periods", grain, start, "operator", f"accepted by {by}", True,
+                        f"{reason.strip()} (was failed: {row.get('dq_note') or 'no note'})"[:1000], False, run_id)
+        table.append(pa.Table.from_pylist([entry.row()], schema=table.arrow_schema), op="accept")
+        st.write_ledger_rows(warehouse, [accepted], op="accept")
+    return accepted
