@@ -122,7 +122,7 @@ def _chunks(plan: dict, split_bytes: int) -> list[tuple]:
         if f["status"] not in inbox_mod.TO_READ:
             continue
         with open(f["path"], "rb") as handle:
-            head = handle.read(64)
+            head = handle.read(4096)
         fmt = detect_format(f["name"], head)
         start, end = f["start"], f["size"]
         if fmt == CAPTURE or fmt != "router-feed":

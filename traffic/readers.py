@@ -45,9 +45,12 @@ def detect_format(name: str, head: bytes) -> str:
     stripped = head.lstrip()
     if stripped.startswith(b"{"):
         return JSON_LINES
-    if stripped.startswith(b"new,") or not stripped:
-        return ROUTER_FEED
-    return CSV_HEADER
+    # A header is recognised by naming the `ts` column; anything else is the router-feed dialect,
+    # judged line by line, so a garbage first line is one reject rather than the whole file.
+    first = stripped.split(b"\n", 1)[0].decode("utf-8", "replace")
+    if "ts" in {field.strip().strip('"') for field in first.split(",")}:
+        return CSV_HEADER
+    return ROUTER_FEED
 
 
 def parse_bytes(data: bytes, fmt: str, *, source: str, input_file: str, settings=None) -> pa.Table:

@@ -84,3 +84,10 @@ def test_format_detection():
     assert detect_format("a.txt", b"ts,local_ip") == CSV_HEADER
     assert detect_format("a.log", b'{"ts": 1}') == JSON_LINES
     assert detect_format("a.bin", bytes.fromhex("d4c3b2a1")) == "capture"
+
+
+def test_a_garbage_first_line_does_not_turn_a_router_feed_into_a_rejected_header_file():
+    """Found by the model-equivalence property test: the file was rejected whole."""
+    head = b"garbage\nnew,OP_INSERT,1793564280016491\n"
+    assert detect_format("part-7.csv", head) == ROUTER_FEED
+    assert detect_format("x.csv", b'"ts","local_ip","remote_ip","bytes"\n') == CSV_HEADER
