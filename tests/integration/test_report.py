@@ -178,7 +178,7 @@ def test_traffic_report_command_writes_the_same_page(run):
 def test_screenshot_in_headless_chromium(run):
     _, page, _ = run
     if not CHROMIUM.exists():
-        pytest.skip("headless Chromium is not installed: apt-get install -y chromium")
+        pytest.fail("headless Chromium is not installed: apt-get install -y chromium (make test installs it)")
     out = ROOT / "test-output"
     out.mkdir(exist_ok=True)
     shot = out / "report.png"
