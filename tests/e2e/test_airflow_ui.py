@@ -2,12 +2,11 @@
 
 Headless Chromium from Debian (``/usr/bin/chromium``; `make test` installs it) driven by
 Playwright — no browser is downloaded. Screenshots go to ``test-output/``; the grid of
-``traffic_hourly`` after the backfill is also saved as ``docs/img/airflow-grid.png`` for the README.
+``traffic_hourly`` after the backfill is the README's image (``make screenshots`` refreshes ``docs/img/``).
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import ROOT, write_router_feed
+from tests.screenshots import publish_for_docs
 from traffic import state as st
 from traffic.delta import Warehouse
 
@@ -22,7 +22,6 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = "/usr/bin/chromium"
 OUT = ROOT / "test-output"
-GRID_IMAGE = ROOT / "docs" / "img" / "airflow-grid.png"
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +133,5 @@ def test_grid_after_the_backfill(airflow, hourly_backfill, page):
         page.get_by_test_id(f"grid-{run['dag_run_id']}-publish_data_quality").wait_for()
     page.wait_for_timeout(1000)  # let the last cells paint
     page.screenshot(path=str(OUT / "airflow-grid.png"))
-    GRID_IMAGE.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(OUT / "airflow-grid.png", GRID_IMAGE)
-    assert GRID_IMAGE.stat().st_size < 200_000
+    publish_for_docs(OUT / "airflow-grid.png")
+    assert (OUT / "airflow-grid.png").stat().st_size < 200_000

@@ -5,7 +5,7 @@ are ingested, then one close runs; the second carries the demo's trouble (late r
 hour, bad lines, a re-delivered file) and ``edge-b`` is silent for one hour (an exporter outage: a
 completeness warning). The close writes ``_reports/index.html``; the test reads the numbers back
 out of it and compares them with the tables, checks it is self-contained, then screenshots it
-with headless Chromium into ``test-output/report.png`` (and ``docs/img/report.png`` for the README).
+with headless Chromium into ``test-output/report.png`` (``make screenshots`` also refreshes ``docs/img/``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Harness
+from tests.screenshots import publish_for_docs
 from traffic import demo
 from traffic.close import close
 from traffic.html_report import write_report
@@ -193,6 +194,5 @@ def test_screenshot_in_headless_chromium(run):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (1200, 2400) and len(data) > 50_000  # a drawn page, not a blank one
-    (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(shot, ROOT / "docs" / "img" / "report.png")
+    publish_for_docs(shot)
     shutil.rmtree(out / "chromium-profile", ignore_errors=True)
