@@ -5,9 +5,10 @@ reached by a scenario of two ingests and two closes is enumerated from a clean r
 one, the scenario runs up to the command in which that point happens, runs that command as a
 separate process that kills itself with SIGKILL at the point, and then runs the command again
 and the rest of the scenario: the tables must equal the uninterrupted run's, row for row, and
-conservation must hold. The killed processes are clients of a warm Spark Connect server, so
-each kill costs about a second of start-up instead of a JVM's; one point is also killed in a
-process with its own classic JVM.
+conservation must hold. The killed processes are clients of a warm Spark Connect server,
+forked from a warm interpreter (``tests/forkserver.py``), so a kill costs neither a JVM's
+start-up nor a fresh interpreter's imports; one point is also killed in a process started from
+scratch with its own classic JVM.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.forkserver import ForkServer
 from tests.harness import Harness, feed_line, tick_line
 from traffic import delta
 
@@ -106,7 +108,15 @@ def connect_server():
     server.stop()
 
 
-def _kill_and_rerun(spark, root: Path, scenario, point: str, index: int, master: str | None) -> Harness:
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory):
+    server = ForkServer(tmp_path_factory.mktemp("forked-commands"))
+    yield server
+    server.stop()
+
+
+def _kill_and_rerun(spark, root: Path, scenario, point: str, index: int, master: str | None,
+                    forks: ForkServer | None = None) -> Harness:
     """From the state before command ``index``, SIGKILL that command at ``point`` in its own process, rerun it."""
     states, _, points = scenario
     shutil.copytree(states[index], root, copy_function=shutil.copy2)
@@ -118,13 +128,18 @@ def _kill_and_rerun(spark, root: Path, scenario, point: str, index: int, master:
         number = SCENARIO[: index + 1].count("ingest") - 1
         source, text = _deliveries()[number]
         harness.deliver(source, text, name=f"d{number}.csv")
-    command = [sys.executable, "-m", "traffic.cli", SCENARIO[index], "--warehouse", str(root / "warehouse"),
+    command = [SCENARIO[index], "--warehouse", str(root / "warehouse"),
                "--inbox", str(root / "inbox"), "--set", "keep_hours=1", "--set", "shuffle_partitions=2",
                "--set", f"now={harness.settings.now.isoformat()}", "--set", f"fault_at={name}#{nth}"]
     if master:
         command += ["--spark-master", master]
-    completed = subprocess.run(command, env={**os.environ, "TZ": "UTC"}, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == -signal.SIGKILL, f"{point}: {completed.stderr[-2000:]}"
+    if forks is not None:
+        code, output = forks.run(command, env={"TZ": "UTC"})
+    else:
+        completed = subprocess.run([sys.executable, "-m", "traffic.cli", *command], env={**os.environ, "TZ": "UTC"},
+                                   capture_output=True, text=True, timeout=300)
+        code, output = completed.returncode, completed.stderr
+    assert code == -signal.SIGKILL, f"{point}: exit {code}: {output[-2000:]}"
     _run_one(harness, index)  # the rerun: the same command, as an operator or Airflow's retry would
     return harness
 
@@ -141,11 +156,11 @@ def _assert_converged(harness: Harness, expected: dict, point: str) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_at_every_point_then_rerun_equals_uninterrupted(spark, scenario, connect_server, tmp_path):
+def test_sigkill_at_every_point_then_rerun_equals_uninterrupted(spark, scenario, connect_server, forks, tmp_path):
     """Every point, one test: a fresh copy per point, a real SIGKILL there, the rerun, a comparison."""
     _, tables, points = scenario
     for number, (point, index) in enumerate(points):
-        harness = _kill_and_rerun(spark, tmp_path / f"p{number}", scenario, point, index, connect_server.url)
+        harness = _kill_and_rerun(spark, tmp_path / f"p{number}", scenario, point, index, connect_server.url, forks)
         _assert_converged(harness, tables[index + 1], point)
     assert len(points) >= 30
 
