@@ -20,5 +20,6 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 export GX_ANALYTICS_ENABLED=false
 export TZ=UTC
-# Two workers (one Spark session each); a file's tests stay on one worker so its fixtures are built once.
-exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+# Two workers (one Spark session each). A file's tests stay on one worker so its fixtures are built
+# once; files go out heaviest first, in the order tests/conftest.py sorts them.
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"

@@ -19,3 +19,29 @@ def spark():
     session = build_spark(load_settings(environ={}, overrides={"shuffle_partitions": 2}), "traffic-tests")
     yield session
     session.stop()
+
+
+# -- scheduling on two workers -----------------------------------------------------------------
+#: The longest files, longest first (measured alone on 2 cores: e2e ~6 min, crash ~5.5 min,
+#: month ~3.5 min, then 1-2 min each). ``scripts/test.sh`` runs pytest with ``--dist loadfile
+#: --no-loadscope-reorder``: each file stays on one worker (its fixtures are built once) and files
+#: are handed out in this order, so the long ones run side by side while the many short files
+#: fill the gaps, instead of one of them starting last and running alone.
+HEAVY_FIRST = (
+    "tests/e2e/",
+    "tests/integration/test_crash_points.py",
+    "tests/reliability/test_month_of_commits.py",
+    "tests/integration/test_model_equivalence.py",
+    "tests/reliability/test_concurrency.py",
+    "tests/integration/test_worked_example.py",
+    "tests/reliability/test_resource_bounds.py",
+)
+
+
+def _rank(nodeid: str) -> int:
+    return next((rank for rank, prefix in enumerate(HEAVY_FIRST) if nodeid.startswith(prefix)), len(HEAVY_FIRST))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Heaviest files first (a stable sort: each file's tests stay together and in order)."""
+    items.sort(key=lambda item: _rank(item.nodeid))
