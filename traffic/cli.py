@@ -210,6 +210,27 @@ def cmd_show(args, settings, spark) -> int:
     return 0
 
 
+def cmd_top(args, settings, spark) -> int:
+    from traffic.delta import Warehouse
+    from traffic.settings import parse_duration
+    from traffic.top import top_talkers
+
+    result = top_talkers(Warehouse(settings, engine="rs"), parse_duration("--last", args.last), args.by, args.limit)
+    if args.json:
+        print(json.dumps({"by": result.by, "start": result.start, "end": result.end, "keys": result.keys,
+                          "note": result.note, "rows": result.rows}, indent=1, default=str))
+        return 0
+    print(f"top {len(result.rows)} of {result.keys:,} {args.by}s by bytes, "
+          f"{_fmt_ts(result.start)} → {_fmt_ts(result.end)} (the watermark)")
+    if result.note:
+        print(f"note: {result.note}")
+    print(f"{'address':<40} {'bytes':>16} {'packets':>12} {'in':>16} {'out':>16}")
+    for row in result.rows:
+        print(f"{row['key'] or '-':<40} {row['bytes']:>16,} {row['packets']:>12,} {row['bytes_in']:>16,} "
+              f"{row['bytes_out']:>16,}")
+    return 0
+
+
 def cmd_replay(args, settings, spark) -> int:
     from traffic.replay import replay
     from traffic.settings import SettingsError, _parse_now
@@ -268,6 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--source", help="source of every file (default: sub-folder name, else 'default')")
     replay.add_argument("--restate", action="store_true", help="replace the frozen range from the archive (audited)")
     replay.add_argument("--reason", help="why the range is restated (required with --restate)")
+    top = sub.add_parser("top", parents=[common], help="top talkers over a window ending at the watermark (no Spark)")
+    top.add_argument("--last", required=True, help="window length: 15m, 1h, 24h, 7d (any duration)")
+    top.add_argument("--by", default="host", choices=["host", "peer"],
+                     help="host = local address, peer = remote address (default host)")
+    top.add_argument("--limit", type=int, default=10, help="rows to print (default 10)")
+    top.add_argument("--json", action="store_true")
     sub.add_parser("report", parents=[common],
                    help="write the HTML traffic report to <warehouse>/_reports/index.html (no Spark)")
     accept = sub.add_parser("accept", parents=[common],
@@ -281,8 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": cmd_status,
-            "show": cmd_show, "report": cmd_report, "accept": cmd_accept, "replay": cmd_replay, "demo": cmd_demo}
+COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": cmd_status, "show": cmd_show,
+            "top": cmd_top, "report": cmd_report, "accept": cmd_accept, "replay": cmd_replay, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None, spark=None) -> int:
@@ -292,6 +319,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
     from traffic.inbox import InboxError, LockTimeout
     from traffic.quality import AcceptError
     from traffic.settings import SettingsError
+    from traffic.top import TopError
 
     args = build_parser().parse_args(argv)
     holder = None
@@ -302,7 +330,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
             settings = settings.replace(warehouse=base / "warehouse", inbox=base / "inbox")
         holder = SparkHolder(settings, f"traffic-{args.command}", spark)
         return COMMANDS[args.command](args, settings, holder)
-    except (SettingsError, InboxError, LockTimeout, StorageError, AcceptError) as error:
+    except (SettingsError, InboxError, LockTimeout, StorageError, AcceptError, TopError) as error:
         print(f"traffic {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USER
     except CheckFailed as error:

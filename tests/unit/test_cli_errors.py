@@ -34,6 +34,8 @@ def test_user_mistakes_are_one_line_and_exit_2(case, tmp_path):
 
 
 def test_every_subcommand_has_help():
-    for command in ("ingest", "close", "run", "status", "show", "demo"):
+    from traffic.cli import COMMANDS
+
+    for command in COMMANDS:
         result = _traffic(command, "--help")
         assert result.returncode == 0 and "usage: traffic " + command in result.stdout
