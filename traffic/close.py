@@ -308,7 +308,8 @@ def _ledger_frame(rows: list[dict]):
 
     columns = ["grain", "period_start", "bytes", "packets", "late_bytes", "late_packets", "sources_reporting",
                "sources_expected", "panes_active", "table_bytes", "table_packets", "source_bytes", "source_packets",
-               "parts_bytes", "late_kept_bytes", "rows_differing", "seconds_past_start"]
+               "parts_bytes", "late_kept_bytes", "rows_differing", "panes_bytes", "panes_packets",
+               "seconds_past_start"]
     records = []
     for r in rows:
         start = r["period_start"]
@@ -343,7 +344,7 @@ def _validate_side_tables(warehouse: Warehouse, check, keys: list[str], periods:
 
 
 def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dict[datetime, str]:
-    """Write final rows, check them and write the ledger rows for ``hours`` in one pass.
+    """Write final rows and panes, check them and write the ledger rows for ``hours`` in one pass.
 
     Returns the hours that failed a critical check, each with the message naming the check
     and the value it failed with. A failed hour keeps its final rows but is not published
@@ -351,6 +352,7 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     """
     from pyspark.sql import functions as F
 
+    from traffic import panes as P
     from traffic import transforms as T
 
     check = check or _validation(warehouse, "freeze", [("hour", h) for h in hours])
@@ -367,6 +369,11 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     raw = {_utc_hour(k): v for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
     warehouse.table("hourly").replace(final, keys=keys, op="freeze")
     stored = _arrow_sums(warehouse.table("hourly").read_arrow(keys=keys, columns=["hour", "bytes", "packets"]), "hour")
+    # The hour's final panes, from the same raw detail, attributed with the mapping in force at each pane.
+    final_panes = P.pane_totals(packets, P.Mapping.of(warehouse.settings.accounts_file), "final").persist()
+    warehouse.table("panes").replace(final_panes, keys=keys, op="freeze")
+    pane_sums = _arrow_sums(warehouse.table("panes").read_arrow(keys=keys, columns=["hour", "bytes", "packets"]),
+                            "hour")
 
     late = warehouse.table("late_packets").read_arrow(keys=keys, columns=["hour", "bytes"])
     late_totals = _arrow_sums(late, "hour", counted=None)
@@ -389,13 +396,16 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
             "table_bytes": table_bytes, "table_packets": table_packets,
             "source_bytes": int(source["bytes"]) if source else 0, "source_packets": int(source["packets"]) if source else 0,
             "late_kept_bytes": late_kept[hour], "rows_differing": differing.get(hour, 0),
+            "panes_bytes": pane_sums.get(hour, (0, 0))[0], "panes_packets": pane_sums.get(hour, (0, 0))[1],
         })
     check.validate("packets", packets, periods, asset="packets.freeze")
     _validate_side_tables(warehouse, check, keys, periods, "freeze")
     check.validate("hourly", final, periods, asset="hourly.freeze")
+    check.validate("panes", final_panes, periods, asset="panes.freeze")
     check.validate("periods", _ledger_frame(rows), periods, asset="periods.freeze")
     packets.unpersist()
     final.unpersist()
+    final_panes.unpersist()
     failed: dict[datetime, str] = {}
     for row in rows:
         row["dq_status"], row["dq_note"] = check.status("hour", row["period_start"])
@@ -664,7 +674,7 @@ def _sources_between(warehouse: Warehouse, start: datetime, end: datetime) -> in
 
 def maintain(warehouse: Warehouse) -> None:
     """Keep every table's file and log counts bounded: compact small files, checkpoint."""
-    for name in ("packets", "hourly", "source_panes", "periods", "batches", "clocks", "rejects", "late_packets",
+    for name in ("packets", "hourly", "panes", "source_panes", "periods", "batches", "clocks", "rejects", "late_packets",
                  "daily", "dq_results"):
         table = warehouse.table(name)
         if table.compact():

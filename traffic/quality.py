@@ -36,7 +36,7 @@ from traffic.delta import Warehouse, cluster_key
 
 UTC = timezone.utc
 SUITE_DIR = Path(__file__).resolve().parents[1] / "expectations"
-SUITES = ("packets", "late_packets", "rejects", "hourly", "daily", "monthly", "periods")
+SUITES = ("packets", "late_packets", "rejects", "hourly", "daily", "monthly", "periods", "panes")
 #: Failing rows collected per expectation in the second pass; beyond it, failures are not attributed
 #: to single periods and every period of the batch fails (fail closed).
 SAMPLE_ROWS = 1000

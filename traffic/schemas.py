@@ -28,6 +28,7 @@ TABLES = (
     "clocks",
     "batches",
     "dq_results",
+    "panes",
 )
 
 _ARROW_TYPES = {
