@@ -1,4 +1,4 @@
-"""Close: freeze closed hours, roll up closed days and months, expire raw detail (DESIGN §3–§6).
+"""Close: freeze closed hours, roll up closed days and months, store closed bills, expire raw detail (DESIGN §3–§6).
 
 What to do is decided on the driver from the small state tables, so a close with nothing
 to do never starts Spark. Each step recomputes its output from its inputs and replaces
@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from traffic import inbox as inbox_mod
 from traffic import state as st
+from traffic.bills import due_periods, store_bills
 from traffic.clock import DAY, HOUR, PANE, closed_hours, day_start, hour_floor, month_start, next_month
 from traffic.delta import Warehouse, cluster_key
 from traffic.ingest import finish_pending
@@ -54,11 +55,12 @@ class ClosePlan:
     months: list[datetime] = field(default_factory=list)
     expire_packets: list[str] = field(default_factory=list)
     expire_other: dict[str, list[str]] = field(default_factory=dict)
+    bills: list = field(default_factory=list)  # billing periods that close (traffic.bills)
 
     @property
     def empty(self) -> bool:
         return not (self.hours or self.days or self.months or self.expire_packets
-                    or any(self.expire_other.values()))
+                    or any(self.expire_other.values()) or self.bills)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class CloseResult:
     hours_frozen: list[datetime] = field(default_factory=list)
     days_rolled: list[date] = field(default_factory=list)
     months_rolled: list[datetime] = field(default_factory=list)
+    bills_stored: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     expired_hours: int = 0
@@ -120,6 +123,8 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
         plan.expire_other[table] = [k for k in warehouse.table(table).keys() if k < bound]
     dq_bound = cluster_key(month_start(floor_w - settings.dq_retention), "month")
     plan.expire_other["dq_results"] = [k for k in warehouse.table("dq_results").keys() if k < dq_bound]
+    # Bills of billing periods whose hours are all frozen (by now or by this run) and published.
+    plan.bills = due_periods(warehouse, state.first_hour, frozen_end, published | set(plan.hours))
     return plan
 
 
@@ -136,6 +141,7 @@ def restrict(plan: ClosePlan, only: tuple[str, ...] | None) -> ClosePlan:
     if "freeze" not in only and plan.hours:
         # Days/months may only count hours that are frozen already, not ones this plan would freeze.
         first_unfrozen = plan.hours[0]
+        plan.bills = []
         plan.days = [d for d in plan.days if day_start(d) + DAY <= first_unfrozen]
         plan.months = [m for m in plan.months if next_month(m) <= first_unfrozen]
     return ClosePlan(
@@ -144,6 +150,7 @@ def restrict(plan: ClosePlan, only: tuple[str, ...] | None) -> ClosePlan:
         months=plan.months if "months" in only else [],
         expire_packets=plan.expire_packets if "expire" in only else [],
         expire_other=plan.expire_other if "expire" in only else {},
+        bills=plan.bills if "freeze" in only else [],  # bills are stored by the step that freezes their last hour
     )
 
 
@@ -181,7 +188,7 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
     """Run a close plan with Spark: freeze → roll up days → months (each checked) → expire → maintenance → report."""
     from traffic.quality import build_data_docs, preload
 
-    if plan.hours or plan.days or plan.months:
+    if plan.hours or plan.days or plan.months or plan.bills:
         preload()
     checks = []
     clock = time.perf_counter()
@@ -220,6 +227,15 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
         if rolled_months:
             progress(f"rolled up month(s): {', '.join(f'{m:%Y-%m}' for m in rolled_months)}")
     result.seconds["roll_up"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    if plan.bills:
+        stored, failures, check = store_bills(warehouse, plan.bills)
+        checks.append(check)
+        result.bills_stored += stored
+        result.failed += failures
+        if stored:
+            progress(f"stored the bills of billing period(s) {', '.join(stored)}")
+    result.seconds["bills"] = time.perf_counter() - clock
     clock = time.perf_counter()
     if plan.expire_packets:
         warehouse.table("packets").delete_keys(plan.expire_packets, op="expire")

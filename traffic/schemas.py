@@ -29,6 +29,7 @@ TABLES = (
     "batches",
     "dq_results",
     "panes",
+    "bills",
 )
 
 _ARROW_TYPES = {
