@@ -234,3 +234,31 @@ def _check_frame(warehouse: Warehouse, results: list[PeriodBills]):
             frame[name] = frame[name].astype("Int64")
     return frame
 
+
+def account_totals(warehouse: Warehouse, grain: str, start: datetime | None = None,
+                   end: datetime | None = None) -> pa.Table:
+    """Daily or monthly totals per (account, direction), derived from final panes of rolled-up periods.
+
+    Only days (months) that are rolled up are listed, so each reconciles to the byte with ``daily``
+    (``monthly``): the same final hours, cut by account instead of address.
+    """
+    if grain not in ("day", "month"):
+        raise BillingError(f"account totals are per day or month, not {grain!r}")
+    rolled = {r["period_start"] for r in st.read_ledger(warehouse, grain)}
+    table = warehouse.table("panes").read_arrow(
+        key_min=cluster_key(start, "hour") if start else None, key_max=cluster_key(end, "hour") if end else None,
+        columns=["pane_start", "account", "direction", "bytes", "packets", "status"],
+        filter=pc.field("status") == "final")
+    unit = "day" if grain == "day" else "month"
+    periods = pc.floor_temporal(table.column("pane_start"), unit=unit)
+    table = table.append_column(grain, periods)
+    wanted = pa.array(sorted(rolled), pa.timestamp("us", tz="UTC"))
+    table = table.filter(pc.is_in(table.column(grain), value_set=wanted))
+    if start is not None:
+        table = table.filter(pc.greater_equal(table.column(grain), pa.scalar(start, pa.timestamp("us", tz="UTC"))))
+    if end is not None:
+        table = table.filter(pc.less(table.column(grain), pa.scalar(end, pa.timestamp("us", tz="UTC"))))
+    totals = table.group_by([grain, "account", "direction"], use_threads=False).aggregate(
+        [("bytes", "sum"), ("packets", "sum")]).rename_columns([grain, "account", "direction", "bytes", "packets"])
+    date_column = pc.cast(totals.column(grain), pa.date32())
+    return totals.set_column(0, grain, date_column).sort_by([(grain, "ascending"), ("account", "ascending")])

@@ -304,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[common], help="watermark, clocks, open hours, last closed periods")
     status.add_argument("--json", action="store_true")
     show = sub.add_parser("show", parents=[common], help="print a table")
-    show.add_argument("what", choices=["hourly", "daily", "monthly", "periods", "late", "rejects", "batches"])
+    show.add_argument("what", choices=["hourly", "daily", "monthly", "periods", "late", "rejects", "batches",
+                                       "account-daily", "account-monthly"])
     show.add_argument("--from", help="first period (ISO date or time)")
     show.add_argument("--to", help="end of the range, exclusive (ISO date or time)")
     show.add_argument("--top", type=int, default=20, help="rows to print (largest by bytes first)")
