@@ -10,6 +10,7 @@ computed by hand below and checked in the CLI's output and in the ``bills`` tabl
 from __future__ import annotations
 
 import json
+import shutil
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 
@@ -17,10 +18,12 @@ import pytest
 
 from tests.harness import Harness, feed_line, tick_line
 from traffic import cli
+from traffic import state as st
 from traffic.accounts import load_accounts
 from traffic.bills import account_totals, compute_period, final_panes, store_bills
 from traffic.billing import BillingCycle
 from traffic.clock import hour_floor
+from traffic.quality import accept
 
 UTC = timezone.utc
 PANE = timedelta(minutes=5)
@@ -309,3 +312,23 @@ def test_an_unknown_account_is_a_clear_error(run, capsys):
     harness, _, _ = run
     assert _bill(harness, "--period", "2026-10", "--account", "initech") == 2
     assert "account 'initech' has no final traffic in period 2026-10" in capsys.readouterr().err
+
+
+def test_a_failed_hour_holds_its_period_back_until_it_is_accepted(run, spark, tmp_path, capsys):
+    harness, _, _ = run
+    shutil.copytree(harness.root, tmp_path / "copy")
+    copy = Harness(tmp_path / "copy", spark, accounts_file=tmp_path / "copy" / "accounts.toml", keep_hours=1000)
+    warehouse = copy.warehouse()
+    hour = datetime(2026, 10, 31, 10, tzinfo=UTC)
+    row = next(r for r in st.read_ledger(warehouse, "hour") if r["period_start"] == hour)
+    st.write_ledger_rows(warehouse, [{**row, "dq_status": "failed", "dq_note": "test: corrupt"}])
+    warehouse.table("bills").delete_keys(["2026-10"])
+    period = BillingCycle().period_for("2026-10")
+    assert store_bills(warehouse, [period]) == ([], [], None)
+    assert _bill(copy, "--period", "2026-10") == 0
+    assert "provisional: 39 of 40 hour(s) final; not stored" in capsys.readouterr().out
+    accept(copy.settings, "2026-10-31T10:00Z", "checked by hand", "tester")
+    result = copy.close()
+    assert result.bills_stored == ["2026-10"]
+    assert sorted((r["account"], r["bytes_total"]) for r in copy.table("bills")) == \
+        sorted((r["account"], r["bytes_total"]) for r in harness.table("bills"))
