@@ -37,9 +37,18 @@ class Mapping:
 
     @classmethod
     def of(cls, accounts_file: Path | None) -> "Mapping":
+        """The file as it is now, validated here so a file broken since the job started fails on the driver."""
+        from traffic.accounts import AccountsError
+        from traffic.settings import SettingsError
+
         if accounts_file is None:
             return cls()
-        return cls(Path(accounts_file).read_text(encoding="utf-8"), str(accounts_file))
+        try:
+            mapping = cls(Path(accounts_file).read_text(encoding="utf-8"), str(accounts_file))
+            mapping.load()
+        except (OSError, AccountsError) as error:
+            raise SettingsError(f"accounts_file: {error}") from None
+        return mapping
 
     def load(self) -> AccountMap:
         return AccountMap() if self.text is None else parse_accounts(self.text, self.name)
