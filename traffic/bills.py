@@ -123,7 +123,8 @@ def compute_period(warehouse: Warehouse, label: str, account: str | None = None)
                                f"accounts mapping for it (accounts: {', '.join(sorted(known)) or 'none'})")
         known = {account}
     bills = [compute_bill(by_account.get(name, ()), period, name, settings.billing_rule,
-                          settings.billing_unknown_direction, versions) for name in sorted(known)]
+                          settings.billing_unknown_direction, versions)
+             for name in sorted(known, key=lambda n: (n is None, n or ""))]  # a damaged pane may lack one
     return PeriodBills(period, bills, final, needed, done, settings=_settings_row(settings))
 
 
@@ -161,9 +162,13 @@ def due_periods(warehouse: Warehouse, first_hour: datetime | None, frontier: dat
     cycle = billing_cycle(warehouse.settings)
     stored = {(r["period_start"], r["period_end"]) for r in st.rows(
         warehouse.table("bills").read_arrow(columns=["period_start", "period_end"]))}
+    # Time already billed stays billed as it was: after a change of cycle, billing resumes where the
+    # stored bills end instead of re-cutting history into the new periods.
+    billed_until = max((end for _, end in stored), default=None)
     period, due = cycle.period_containing(first_hour), []
     while _ceil_hour(period.end_utc) <= frontier:
-        if (period.start_utc, period.end_utc) not in stored:
+        if (period.start_utc, period.end_utc) not in stored and (billed_until is None
+                                                                 or period.start_utc >= billed_until):
             if not all(h in published for h in hours_of(period, first_hour)):
                 break
             due.append(period)
@@ -175,7 +180,8 @@ def store_bills(warehouse: Warehouse, periods: list[BillingPeriod]):
     """Compute, check and store the bills of closed periods, in order. Returns (stored labels, failures, check).
 
     A period whose hours are not all published (one failed its checks in this run) waits, and so do the
-    periods after it. Bills that fail a critical check are not stored; the failure is reported.
+    periods after it. Bills that fail a critical check are not stored (nor those of later periods); the
+    failure is reported.
     """
     stored, failures, rows_by_period, results = [], [], {}, []
     for period in periods:
@@ -191,8 +197,9 @@ def store_bills(warehouse: Warehouse, periods: list[BillingPeriod]):
     for result in results:
         status, _ = check.status("bill", result.period.start_utc)
         if status == "failed":
+            # Periods are billed in order: the ones after a failed period wait with it.
             failures.append(f"bills {result.period.label}: " + check.message("bill", result.period.start_utc))
-            continue
+            break
         rows_by_period[result.period.label] = (result, bill_rows(result))
     check.record()
     table = warehouse.table("bills")

@@ -14,6 +14,7 @@ import shutil
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 
+import pyarrow as pa
 import pytest
 
 from tests.harness import Harness, feed_line, tick_line
@@ -23,6 +24,7 @@ from traffic.accounts import load_accounts
 from traffic.bills import account_totals, compute_period, final_panes, store_bills
 from traffic.billing import BillingCycle
 from traffic.clock import hour_floor
+from traffic.close import CheckFailed
 from traffic.quality import accept
 
 UTC = timezone.utc
@@ -332,3 +334,22 @@ def test_a_failed_hour_holds_its_period_back_until_it_is_accepted(run, spark, tm
     assert result.bills_stored == ["2026-10"]
     assert sorted((r["account"], r["bytes_total"]) for r in copy.table("bills")) == \
         sorted((r["account"], r["bytes_total"]) for r in harness.table("bills"))
+
+
+def test_bills_that_fail_their_checks_are_not_stored_and_the_close_fails(run, spark, tmp_path):
+    harness, _, _ = run
+    shutil.copytree(harness.root, tmp_path / "copy")
+    copy = Harness(tmp_path / "copy", spark, accounts_file=tmp_path / "copy" / "accounts.toml", keep_hours=1000)
+    warehouse = copy.warehouse()
+    # Damage one final pane on disk: its account is lost, so a bill without an account would be made.
+    key = "2026-10-30T09"
+    panes = warehouse.table("panes")
+    rows = st.rows(panes.read_arrow(keys=[key]))
+    rows[0]["account"] = None
+    panes.replace(pa.Table.from_pylist(rows, schema=panes.arrow_schema), keys=[key])
+    warehouse.table("bills").delete_keys(["2026-10"])
+    with pytest.raises(CheckFailed, match="bills 2026-10: .*account present"):
+        copy.close()
+    assert copy.table("bills") == []
+    failed = {r["expectation"] for r in copy.table("dq_results") if r["grain"] == "bill" and not r["success"]}
+    assert "expect_column_values_to_not_be_null(account present)" in failed
