@@ -255,7 +255,7 @@ def cmd_bill(args, settings, spark) -> int:
         from traffic.bills import bill_rows
 
         rows = bill_rows(result)
-        status = ("final, not stored yet (the next close stores it)" if result.final else
+        status = ("final, not stored (a close stores closed periods in order)" if result.final else
                   f"provisional: {result.hours_final} of {result.hours_needed} hour(s) final; not stored")
     if args.json:
         doc = {"period": result.period.label, "period_start": result.period.start_utc.isoformat(),
