@@ -165,7 +165,7 @@ def due_periods(warehouse: Warehouse, first_hour: datetime | None, frontier: dat
     # Time already billed stays billed as it was: after a change of cycle, billing resumes where the
     # stored bills end instead of re-cutting history into the new periods.
     billed_until = max((end for _, end in stored), default=None)
-    period, due = cycle.period_containing(first_hour), []
+    period, due = cycle.period_containing(max(first_hour, billed_until or first_hour)), []
     while _ceil_hour(period.end_utc) <= frontier:
         if (period.start_utc, period.end_utc) not in stored and (billed_until is None
                                                                  or period.start_utc >= billed_until):
