@@ -1,4 +1,4 @@
-"""``traffic`` — the command line: ingest, close, run, status, show, report, accept, replay, demo.
+"""``traffic`` — the command line: ingest, close, run, status, show, report, accept, replay, bill, demo.
 
 Errors a person can fix print one line and exit 2; a failed check exits 3; anything
 unexpected prints one line (and the details with ``--debug``) and exits 1.
@@ -101,7 +101,8 @@ def print_batch(result) -> None:
 
 
 def print_close(result) -> None:
-    if not (result.hours_frozen or result.days_rolled or result.months_rolled or result.expired_hours):
+    if not (result.hours_frozen or result.days_rolled or result.months_rolled or result.expired_hours
+            or getattr(result, "bills_stored", None)):
         print(f"close: nothing to close (watermark {_fmt_ts(result.watermark)})")
         return
     parts = [f"{len(result.hours_frozen)} hour(s) frozen"]
@@ -111,6 +112,8 @@ def print_close(result) -> None:
         parts.append("month(s) rolled up: " + ", ".join(f"{m:%Y-%m}" for m in result.months_rolled))
     if result.expired_hours:
         parts.append(f"raw detail of {result.expired_hours} hour(s) expired")
+    if getattr(result, "bills_stored", None):
+        parts.append("bills stored: " + ", ".join(result.bills_stored))
     print("close: " + "; ".join(parts))
     for warning in getattr(result, "warnings", []):
         print(f"close: warning {warning}")
@@ -251,6 +254,51 @@ def cmd_replay(args, settings, spark) -> int:
     return EXIT_CHECK if closed.failed else 0
 
 
+def cmd_bill(args, settings, spark) -> int:
+    """Print the bills of a period: stored ones when it is closed, else computed from final panes (provisional)."""
+    from traffic.bills import compute_period, stored_bills
+    from traffic.billing import BillingError
+    from traffic.delta import Warehouse
+    from traffic.settings import SettingsError
+
+    warehouse = Warehouse(settings, engine="rs")
+    if not warehouse.exists():
+        raise SettingsError(f"no warehouse at {settings.warehouse}")
+    try:
+        result = compute_period(warehouse, args.period, args.account)
+        stored = stored_bills(warehouse, result.period)
+    except BillingError as error:
+        raise SettingsError(str(error)) from None
+    if stored:
+        rows = [r for r in stored if args.account is None or r["account"] == args.account]
+        status = "final, stored"
+    else:
+        from traffic.bills import bill_rows
+
+        rows = bill_rows(result)
+        status = ("final, not stored (a close stores closed periods in order)" if result.final else
+                  f"provisional: {result.hours_final} of {result.hours_needed} hour(s) final; not stored")
+    if args.json:
+        doc = {"period": result.period.label, "period_start": result.period.start_utc.isoformat(),
+               "period_end": result.period.end_utc.isoformat(), "final": result.final, "stored": bool(stored),
+               "bills": [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items()} for r in rows]}
+        print(json.dumps(doc, indent=1))
+        return 0
+    period = result.period
+    first = rows[0] if rows else {**result.settings, "panes": period.pane_count, "p95_rank": None}
+    print(f"bill {period.label}: {period.start_utc:%Y-%m-%d %H:%M} → {period.end_utc:%Y-%m-%d %H:%M} UTC, "
+          f"{first['panes']:,} panes (95th percentile = pane {first['p95_rank'] or '-'} of them by size), "
+          f"rule {first['billing_rule']}, unknown direction → {first['billing_unknown_direction']}; {status}")
+    print(f"{'account':<20} {'bytes_in':>18} {'bytes_out':>18} {'bytes_total':>18} {'p95_in_bps':>16} "
+          f"{'p95_out_bps':>16} {'billable_bps':>16}")
+    for r in rows:
+        print(f"{r['account']:<20} {r['bytes_in']:>18,} {r['bytes_out']:>18,} {r['bytes_total']:>18,} "
+              f"{r['p95_in_bps']:>16,.3f} {r['p95_out_bps']:>16,.3f} {r['billable_bps']:>16,.3f}")
+    versions = sorted({v for r in rows for v in r["mapping_versions"]})
+    print(f"mapping version(s): {', '.join(versions) or '-'}")
+    return 0
+
+
 def cmd_demo(args, settings, spark) -> int:
     from traffic.demo import run_demo
 
@@ -277,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[common], help="watermark, clocks, open hours, last closed periods")
     status.add_argument("--json", action="store_true")
     show = sub.add_parser("show", parents=[common], help="print a table")
-    show.add_argument("what", choices=["hourly", "daily", "monthly", "periods", "late", "rejects", "batches"])
+    show.add_argument("what", choices=["hourly", "daily", "monthly", "periods", "late", "rejects", "batches",
+                                       "account-daily", "account-monthly"])
     show.add_argument("--from", help="first period (ISO date or time)")
     show.add_argument("--to", help="end of the range, exclusive (ISO date or time)")
     show.add_argument("--top", type=int, default=20, help="rows to print (largest by bytes first)")
@@ -303,13 +352,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "or 2026-11-01T10:00Z (hour)")
     accept.add_argument("--reason", required=True, help="why it is accepted (kept in the ledger)")
     accept.add_argument("--by", help="who accepts it (default: the user running the command)")
+    bill = sub.add_parser("bill", parents=[common],
+                          help="bills of a billing period per account: volume and 95th-percentile rate (no Spark)")
+    bill.add_argument("--period", required=True, help="the billing period, by the month it starts in (2026-10)")
+    bill.add_argument("--account", help="one account (default: every account)")
+    bill.add_argument("--json", action="store_true", help="print the bills as JSON (exact integers and rates)")
     demo = sub.add_parser("demo", parents=[common], help="generate sample traffic and run the whole pipeline on it")
     demo.add_argument("--dir", default="demo", help="folder for the demo's inbox and warehouse (default ./demo)")
     return parser
 
 
 COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": cmd_status, "show": cmd_show,
-            "top": cmd_top, "report": cmd_report, "accept": cmd_accept, "replay": cmd_replay, "demo": cmd_demo}
+            "top": cmd_top, "bill": cmd_bill, "report": cmd_report, "accept": cmd_accept, "replay": cmd_replay,
+            "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None, spark=None) -> int:

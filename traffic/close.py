@@ -1,4 +1,4 @@
-"""Close: freeze closed hours, roll up closed days and months, expire raw detail (DESIGN §3–§6).
+"""Close: freeze closed hours, roll up closed days and months, store closed bills, expire raw detail (DESIGN §3–§6).
 
 What to do is decided on the driver from the small state tables, so a close with nothing
 to do never starts Spark. Each step recomputes its output from its inputs and replaces
@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from traffic import inbox as inbox_mod
 from traffic import state as st
+from traffic.bills import due_periods, store_bills
 from traffic.clock import DAY, HOUR, PANE, closed_hours, day_start, hour_floor, month_start, next_month
 from traffic.delta import Warehouse, cluster_key
 from traffic.ingest import finish_pending
@@ -54,11 +55,12 @@ class ClosePlan:
     months: list[datetime] = field(default_factory=list)
     expire_packets: list[str] = field(default_factory=list)
     expire_other: dict[str, list[str]] = field(default_factory=dict)
+    bills: list = field(default_factory=list)  # billing periods that close (traffic.bills)
 
     @property
     def empty(self) -> bool:
         return not (self.hours or self.days or self.months or self.expire_packets
-                    or any(self.expire_other.values()))
+                    or any(self.expire_other.values()) or self.bills)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class CloseResult:
     hours_frozen: list[datetime] = field(default_factory=list)
     days_rolled: list[date] = field(default_factory=list)
     months_rolled: list[datetime] = field(default_factory=list)
+    bills_stored: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     expired_hours: int = 0
@@ -120,6 +123,8 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
         plan.expire_other[table] = [k for k in warehouse.table(table).keys() if k < bound]
     dq_bound = cluster_key(month_start(floor_w - settings.dq_retention), "month")
     plan.expire_other["dq_results"] = [k for k in warehouse.table("dq_results").keys() if k < dq_bound]
+    # Bills of billing periods whose hours are all frozen (by now or by this run) and published.
+    plan.bills = due_periods(warehouse, state.first_hour, frozen_end, published | set(plan.hours))
     return plan
 
 
@@ -136,6 +141,7 @@ def restrict(plan: ClosePlan, only: tuple[str, ...] | None) -> ClosePlan:
     if "freeze" not in only and plan.hours:
         # Days/months may only count hours that are frozen already, not ones this plan would freeze.
         first_unfrozen = plan.hours[0]
+        plan.bills = []
         plan.days = [d for d in plan.days if day_start(d) + DAY <= first_unfrozen]
         plan.months = [m for m in plan.months if next_month(m) <= first_unfrozen]
     return ClosePlan(
@@ -144,6 +150,7 @@ def restrict(plan: ClosePlan, only: tuple[str, ...] | None) -> ClosePlan:
         months=plan.months if "months" in only else [],
         expire_packets=plan.expire_packets if "expire" in only else [],
         expire_other=plan.expire_other if "expire" in only else {},
+        bills=plan.bills if "freeze" in only else [],  # bills are stored by the step that freezes their last hour
     )
 
 
@@ -181,7 +188,7 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
     """Run a close plan with Spark: freeze → roll up days → months (each checked) → expire → maintenance → report."""
     from traffic.quality import build_data_docs, preload
 
-    if plan.hours or plan.days or plan.months:
+    if plan.hours or plan.days or plan.months or plan.bills:
         preload()
     checks = []
     clock = time.perf_counter()
@@ -220,6 +227,15 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
         if rolled_months:
             progress(f"rolled up month(s): {', '.join(f'{m:%Y-%m}' for m in rolled_months)}")
     result.seconds["roll_up"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    if plan.bills:
+        stored, failures, check = store_bills(warehouse, plan.bills)
+        checks.append(check)
+        result.bills_stored += stored
+        result.failed += failures
+        if stored:
+            progress(f"stored the bills of billing period(s) {', '.join(stored)}")
+    result.seconds["bills"] = time.perf_counter() - clock
     clock = time.perf_counter()
     if plan.expire_packets:
         warehouse.table("packets").delete_keys(plan.expire_packets, op="expire")
@@ -308,7 +324,8 @@ def _ledger_frame(rows: list[dict]):
 
     columns = ["grain", "period_start", "bytes", "packets", "late_bytes", "late_packets", "sources_reporting",
                "sources_expected", "panes_active", "table_bytes", "table_packets", "source_bytes", "source_packets",
-               "parts_bytes", "late_kept_bytes", "rows_differing", "seconds_past_start"]
+               "parts_bytes", "late_kept_bytes", "rows_differing", "panes_bytes", "panes_packets",
+               "seconds_past_start"]
     records = []
     for r in rows:
         start = r["period_start"]
@@ -343,7 +360,7 @@ def _validate_side_tables(warehouse: Warehouse, check, keys: list[str], periods:
 
 
 def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dict[datetime, str]:
-    """Write final rows, check them and write the ledger rows for ``hours`` in one pass.
+    """Write final rows and panes, check them and write the ledger rows for ``hours`` in one pass.
 
     Returns the hours that failed a critical check, each with the message naming the check
     and the value it failed with. A failed hour keeps its final rows but is not published
@@ -351,6 +368,7 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     """
     from pyspark.sql import functions as F
 
+    from traffic import panes as P
     from traffic import transforms as T
 
     check = check or _validation(warehouse, "freeze", [("hour", h) for h in hours])
@@ -367,6 +385,11 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     raw = {_utc_hour(k): v for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
     warehouse.table("hourly").replace(final, keys=keys, op="freeze")
     stored = _arrow_sums(warehouse.table("hourly").read_arrow(keys=keys, columns=["hour", "bytes", "packets"]), "hour")
+    # The hour's final panes, from the same raw detail, attributed with the mapping in force at each pane.
+    final_panes = P.pane_totals(packets, P.Mapping.of(warehouse.settings.accounts_file), "final").persist()
+    warehouse.table("panes").replace(final_panes, keys=keys, op="freeze")
+    pane_sums = _arrow_sums(warehouse.table("panes").read_arrow(keys=keys, columns=["hour", "bytes", "packets"]),
+                            "hour")
 
     late = warehouse.table("late_packets").read_arrow(keys=keys, columns=["hour", "bytes"])
     late_totals = _arrow_sums(late, "hour", counted=None)
@@ -389,13 +412,16 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
             "table_bytes": table_bytes, "table_packets": table_packets,
             "source_bytes": int(source["bytes"]) if source else 0, "source_packets": int(source["packets"]) if source else 0,
             "late_kept_bytes": late_kept[hour], "rows_differing": differing.get(hour, 0),
+            "panes_bytes": pane_sums.get(hour, (0, 0))[0], "panes_packets": pane_sums.get(hour, (0, 0))[1],
         })
     check.validate("packets", packets, periods, asset="packets.freeze")
     _validate_side_tables(warehouse, check, keys, periods, "freeze")
     check.validate("hourly", final, periods, asset="hourly.freeze")
+    check.validate("panes", final_panes, periods, asset="panes.freeze")
     check.validate("periods", _ledger_frame(rows), periods, asset="periods.freeze")
     packets.unpersist()
     final.unpersist()
+    final_panes.unpersist()
     failed: dict[datetime, str] = {}
     for row in rows:
         row["dq_status"], row["dq_note"] = check.status("hour", row["period_start"])
@@ -664,7 +690,7 @@ def _sources_between(warehouse: Warehouse, start: datetime, end: datetime) -> in
 
 def maintain(warehouse: Warehouse) -> None:
     """Keep every table's file and log counts bounded: compact small files, checkpoint."""
-    for name in ("packets", "hourly", "source_panes", "periods", "batches", "clocks", "rejects", "late_packets",
+    for name in ("packets", "hourly", "panes", "source_panes", "periods", "batches", "clocks", "rejects", "late_packets",
                  "daily", "dq_results"):
         table = warehouse.table(name)
         if table.compact():

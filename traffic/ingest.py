@@ -1,4 +1,4 @@
-"""Micro-batch ingest: new inbox files → packets, late_packets, rejects, open hours, panes, clocks.
+"""Micro-batch ingest: new inbox files → packets, late_packets, rejects, open hours and panes, clocks.
 
 One batch is planned on the driver without Spark (an empty inbox never starts a JVM),
 journaled, then executed by Spark. Every table write is idempotent by the batch id
@@ -176,6 +176,7 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    from traffic import panes as P
     from traffic import transforms as T
 
     spark = warehouse.spark
@@ -271,14 +272,22 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     timings["write_raw"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
+    mapping = P.Mapping.of(settings.accounts_file)
     if restate:
         warehouse.table("hourly").replace(T.hourly_totals(on_time, "final"), keys=range_keys, txn=txn, op="restate")
+        warehouse.table("panes").replace(P.pane_totals(on_time, mapping, "final"), keys=range_keys, txn=txn,
+                                         op="restate")
     elif on_time_hours:
         keys = [cluster_key(h, "hour") for h in on_time_hours]
         hourly = warehouse.table("hourly")
         existing = hourly.read(keys=keys).where(F.col("status") == "open")
         merged = T.merge_open_hours(existing, T.hourly_totals(on_time, "open"))
         hourly.replace(merged, keys=keys, txn=txn, op="ingest")
+        # The panes of the same hours, kept the same way (their freeze recomputes them from raw detail).
+        panes = warehouse.table("panes")
+        open_panes = panes.read(keys=keys).where(F.col("status") == "open")
+        panes.replace(P.merge_open_panes(open_panes, P.pane_totals(on_time, mapping, "open")), keys=keys, txn=txn,
+                      op="ingest")
     _write_panes(warehouse, summary, txn, replace_keys=range_keys)
     _grow_late_counters(warehouse, summary, txn)
     timings["write_hours"] = time.perf_counter() - clock

@@ -36,7 +36,7 @@ from traffic.delta import Warehouse, cluster_key
 
 UTC = timezone.utc
 SUITE_DIR = Path(__file__).resolve().parents[1] / "expectations"
-SUITES = ("packets", "late_packets", "rejects", "hourly", "daily", "monthly", "periods")
+SUITES = ("packets", "late_packets", "rejects", "hourly", "daily", "monthly", "periods", "panes", "bills")
 #: Failing rows collected per expectation in the second pass; beyond it, failures are not attributed
 #: to single periods and every period of the batch fails (fail closed).
 SAMPLE_ROWS = 1000
@@ -64,8 +64,9 @@ def suite_document(name: str) -> dict:
 
 
 def period_label(grain: str, start: datetime) -> str:
-    """``2026-11-01T10:00Z``, ``2026-11-01`` or ``2026-11``: how a period is named to people."""
-    return {"hour": f"{start:%Y-%m-%dT%H:00Z}", "day": f"{start:%Y-%m-%d}", "month": f"{start:%Y-%m}"}[grain]
+    """``2026-11-01T10:00Z``, ``2026-11-01`` or ``2026-11`` (a billing period: its UTC start to the minute)."""
+    return {"hour": f"{start:%Y-%m-%dT%H:00Z}", "day": f"{start:%Y-%m-%d}", "month": f"{start:%Y-%m}",
+            "bill": f"{start:%Y-%m-%dT%H:%MZ}"}[grain]
 
 
 def as_period(value: Any) -> datetime:

@@ -153,4 +153,21 @@ def rewrite_restated_periods(warehouse: Warehouse, plan: dict, progress=print) -
         if month in months:
             roll_up_month(warehouse, month, restated=reason)
         month = next_month(month)
+    restore_bills(warehouse, start, end)
     progress(f"restated {len(hours)} hour(s), {len(redo_days)} day(s): {reason}")
+
+
+def restore_bills(warehouse: Warehouse, start: datetime, end: datetime) -> list[str]:
+    """Bills already stored for billing periods overlapping a restated range are recomputed from its new panes."""
+    from traffic.bills import billing_cycle, store_bills, stored_bills
+
+    cycle = billing_cycle(warehouse.settings)
+    period, overlapping = cycle.period_containing(start), []
+    while period.start_utc < end:
+        if stored_bills(warehouse, period):
+            overlapping.append(period)
+        period = cycle.period_containing(period.end_utc)
+    if not overlapping:
+        return []
+    stored, _, _ = store_bills(warehouse, overlapping)
+    return stored

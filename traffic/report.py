@@ -66,6 +66,12 @@ _VIEWS = {
 def show(settings: Settings, what: str, start: str | None, end: str | None, top: int) -> str:
     """A text table of one table, filtered to ``[start, end)``, largest by bytes first (ledger: in time order)."""
     warehouse = _warehouse(settings)
+    if what in ("account-daily", "account-monthly"):
+        from traffic.bills import account_totals
+
+        bound = [_parse_now("--from/--to", b) if b else None for b in (start, end)]
+        totals = account_totals(warehouse, "day" if what == "account-daily" else "month", *bound)
+        return format_table(totals.slice(0, top) if top else totals)
     table_name, time_column, columns = _VIEWS[what]
     table = warehouse.table(table_name).read_arrow()
     if time_column and (start or end):

@@ -28,6 +28,8 @@ TABLES = (
     "clocks",
     "batches",
     "dq_results",
+    "panes",
+    "bills",
 )
 
 _ARROW_TYPES = {

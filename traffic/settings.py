@@ -114,6 +114,11 @@ class Settings:
     compact_min_files: int = 32
     completeness_min_panes: int = 12
     completeness_action: str = "warning"
+    accounts_file: Path | None = None
+    billing_rule: str = "max"
+    billing_cycle_day: int = 1
+    billing_timezone: str = "UTC"
+    billing_unknown_direction: str = "in"
     now: datetime | None = None
     fault_at: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -153,6 +158,11 @@ _PARSERS = {
     "compact_min_files": lambda n, v: _parse_int(n, v, 2),
     "completeness_min_panes": lambda n, v: _parse_panes(n, v),
     "completeness_action": lambda n, v: _choice(n, v, ("warning", "failure")),
+    "accounts_file": lambda n, v: _parse_accounts_file(n, v),
+    "billing_rule": lambda n, v: _choice(n, v, ("max", "sum")),
+    "billing_cycle_day": lambda n, v: _parse_cycle_day(n, v),
+    "billing_timezone": lambda n, v: _parse_timezone(n, v),
+    "billing_unknown_direction": lambda n, v: _choice(n, v, ("in", "out", "both", "ignore")),
     "now": _parse_now,
     "fault_at": lambda n, v: None if v in (None, "") else str(v),
     "extra": lambda n, v: dict(v),
@@ -174,6 +184,39 @@ def _parse_panes(name: str, value: Any) -> int:
     return number
 
 
+def _parse_accounts_file(name: str, value: Any) -> Path | None:
+    """The accounts mapping (TOML), validated now so a typo in it stops the job before any work."""
+    if value in (None, ""):
+        return None
+    from traffic.accounts import AccountsError, load_accounts
+
+    path = Path(value).expanduser().absolute()
+    try:
+        load_accounts(path)
+    except AccountsError as error:
+        raise SettingsError(f"{name}: {error}") from None
+    return path
+
+
+def _parse_cycle_day(name: str, value: Any) -> int:
+    """The day of the month billing periods start on: 1–28, so every month has it."""
+    number = _parse_int(name, value, 1)
+    if number > 28:
+        raise SettingsError(f"{name}: {number} is after the 28th; use 1–28 (every month has those days)")
+    return number
+
+
+def _parse_timezone(name: str, value: Any) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    text = str(value).strip()
+    try:
+        ZoneInfo(text)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise SettingsError(f"{name}: {value!r} is not an IANA time zone (e.g. UTC, Europe/Berlin)") from None
+    return text
+
+
 def build_settings(values: Mapping[str, Any]) -> Settings:
     """Validate raw values (strings or typed) into a ``Settings``; unknown names are errors."""
     parsed: dict[str, Any] = {}
@@ -181,12 +224,17 @@ def build_settings(values: Mapping[str, Any]) -> Settings:
         if name not in _PARSERS:
             known = ", ".join(sorted(_PARSERS))
             raise SettingsError(f"unknown setting {name!r} (known: {known})")
-        if value is None and name not in {"now", "fault_at", "spark_jars_dir", "hourly_retention", "daily_retention"}:
+        if value is None and name not in {"now", "fault_at", "spark_jars_dir", "hourly_retention", "daily_retention",
+                                          "accounts_file"}:
             continue
         parsed[name] = _PARSERS[name](name, value)
     defaults = Settings()
     for path_name in ("warehouse", "inbox"):
         parsed.setdefault(path_name, getattr(defaults, path_name).absolute())
+    rule = parsed.get("billing_rule", defaults.billing_rule)
+    if rule == "sum" and parsed.get("billing_unknown_direction", defaults.billing_unknown_direction) == "both":
+        raise SettingsError("billing_unknown_direction: 'both' with billing_rule 'sum' would bill unknown traffic "
+                            "twice; use in or out")
     return Settings(**parsed)
 
 

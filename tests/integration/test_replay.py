@@ -71,6 +71,9 @@ def test_restatement_replaces_a_frozen_range_and_says_why(spark, tmp_path):
     _replay(harness, original, D1, D1 + timedelta(days=3))
     day1 = {r["period_start"]: r for r in harness.table("periods") if r["grain"] == "day"}[D1]
     assert day1["bytes"] == 4800 and day1["restated"] is None
+    # October closed (its last hour is frozen), so its bill is stored: everything is unassigned here.
+    assert [(b["period"], b["account"], b["bytes_total"]) for b in harness.table("bills")] == \
+        [("2026-10", "unassigned", 9600)]
     corrected = _archive(tmp_path / "v2", range(3, 5), 250, name="fixed.csv")
     with pytest.raises(SettingsError, match="needs --reason"):
         _replay(harness, corrected, D1 + timedelta(hours=3), D1 + timedelta(hours=5), restate=" ")
@@ -84,6 +87,11 @@ def test_restatement_replaces_a_frozen_range_and_says_why(spark, tmp_path):
     assert sum(r["bytes"] for r in harness.table("daily") if r["day"] == D1.date()) == 5400
     hourly = [r for r in harness.table("hourly") if r["hour"] == D1 + timedelta(hours=3)]
     assert [(r["bytes"], r["status"]) for r in hourly] == [(500, "final")]
+    panes = [p for p in harness.table("panes") if p["hour"] == D1 + timedelta(hours=3)]
+    assert sorted((p["pane_start"].minute, p["bytes"], p["status"]) for p in panes) == [(5, 250, "final"),
+                                                                                         (35, 250, "final")]
+    # The stored bill of the restated period is recomputed from the restated panes.
+    assert [(b["period"], b["bytes_total"]) for b in harness.table("bills")] == [("2026-10", 9600 + 600)]
     restate_batch = [b for b in harness.table("batches") if b["mode"] == "restate"][0]
     assert (restate_batch["bytes_withdrawn"], restate_batch["note"]) == (400, "exporter bug #12 fixed")
     assert _reconciles(harness)

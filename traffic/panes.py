@@ -1,0 +1,122 @@
+"""Panes: 5-minute totals per (source, account, direction) — the granularity rates and percentiles need.
+
+A pane row is ``(pane_start, source, account, direction)`` with its bytes and packets. The
+account is ``local_ip``'s under the mapping version in force at ``pane_start``
+(``traffic.accounts``); the version's id is kept in ``mapping_version``. Panes live like the
+hourly rows: ``open`` while their hour is open (each ingest batch adds its on-time packets to
+the panes of the hours it touched), ``final`` once the hour is frozen (the freeze recomputes
+them from the same raw detail it recomputes the hourly rows from, with the mapping in force
+then). Late packets never change panes.
+
+The functions here are pure DataFrame → DataFrame transforms; the mapping travels to the
+executors as the text of the accounts file, parsed there once per task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from traffic.accounts import AccountMap, load_accounts, parse_accounts
+
+KEY = ("pane_start", "source", "account", "direction", "mapping_version")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICRO = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """The accounts file as text (what executors parse), or no file (everything ``unassigned``)."""
+
+    text: str | None = None
+    name: str = "<no accounts file>"
+
+    @classmethod
+    def of(cls, accounts_file: Path | None) -> "Mapping":
+        """The file as it is now, validated here so a file broken since the job started fails on the driver."""
+        from traffic.accounts import AccountsError
+        from traffic.settings import SettingsError
+
+        if accounts_file is None:
+            return cls()
+        try:
+            mapping = cls(Path(accounts_file).read_text(encoding="utf-8"), str(accounts_file))
+            mapping.load()
+        except (OSError, AccountsError) as error:
+            raise SettingsError(f"accounts_file: {error}") from None
+        return mapping
+
+    def load(self) -> AccountMap:
+        return AccountMap() if self.text is None else parse_accounts(self.text, self.name)
+
+
+def account_map(settings) -> AccountMap:
+    """The mapping the settings name (validated when the settings were built)."""
+    return load_accounts(settings.accounts_file)
+
+
+def _attribute(mapping: Mapping):
+    """The function Spark runs per task: add ``account`` and ``mapping_version`` to per-address rows."""
+
+    def attribute(batches):
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from traffic.accounts import NO_ACCOUNTS
+
+        accounts = mapping.load()
+        versions = (NO_ACCOUNTS, *accounts.versions)
+        starts_us = np.array([(v.effective_from - _EPOCH) // _MICRO for v in accounts.versions], dtype=np.int64)
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            pane_us = pc.cast(batch.column("pane_start"), pa.int64()).to_numpy(zero_copy_only=False)
+            # 0 = before the first version (no accounts); i = versions[i] in force at the pane's start.
+            which = np.searchsorted(starts_us, pane_us, side="right")
+            owner = np.empty(batch.num_rows, dtype=object)
+            version_id = np.empty(batch.num_rows, dtype=object)
+            local = batch.column("local_ip")
+            for index in np.unique(which):
+                rows = np.flatnonzero(which == index)
+                version = versions[int(index)]
+                owner[rows] = version.lookup_many(local.take(pa.array(rows))).to_numpy(zero_copy_only=False)
+                version_id[rows] = version.id
+            yield batch.append_column("account", pa.array(owner, pa.string())) \
+                       .append_column("mapping_version", pa.array(version_id, pa.string()))
+
+    return attribute
+
+
+
+def pane_totals(packets: DataFrame, mapping: Mapping, status: str) -> DataFrame:
+    """Per (pane, source, account, direction) totals of ``packets``, with ``status``."""
+    from traffic.transforms import pane_start
+
+    per_address = packets.groupBy(pane_start().alias("pane_start"), "source", "local_ip", "direction").agg(
+        F.sum("bytes").cast("long").alias("bytes"), F.count(F.lit(1)).cast("long").alias("packets"))
+    attributed = per_address.mapInArrow(
+        _attribute(mapping),
+        "pane_start timestamp, source string, local_ip string, direction string, bytes long, packets long, "
+        "account string, mapping_version string")
+    return _finish(attributed.groupBy(*KEY).agg(F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")),
+                   status)
+
+
+def merge_open_panes(existing_open: DataFrame, batch_panes: DataFrame) -> DataFrame:
+    """Open panes after a batch: the panes so far plus the batch's, per key."""
+    columns = [*KEY, "bytes", "packets"]
+    merged = existing_open.select(*columns).unionByName(batch_panes.select(*columns)).groupBy(*KEY).agg(
+        F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets"))
+    return _finish(merged, "open")
+
+
+def _finish(panes: DataFrame, status: str) -> DataFrame:
+    return (panes.withColumn("hour", F.date_trunc("hour", "pane_start"))
+            .withColumn("bytes", F.col("bytes").cast("long"))
+            .withColumn("packets", F.col("packets").cast("long"))
+            .withColumn("status", F.lit(status)))
