@@ -227,7 +227,8 @@ def cmd_top(args, settings, spark) -> int:
           f"{_fmt_ts(result.start)} → {_fmt_ts(result.end)} (the watermark)")
     if result.note:
         print(f"note: {result.note}")
-    print(f"{'address':<40} {'bytes':>16} {'packets':>12} {'in':>16} {'out':>16}")
+    label = "account" if args.by == "account" else "address"
+    print(f"{label:<40} {'bytes':>16} {'packets':>12} {'in':>16} {'out':>16}")
     for row in result.rows:
         print(f"{row['key'] or '-':<40} {row['bytes']:>16,} {row['packets']:>12,} {row['bytes_in']:>16,} "
               f"{row['bytes_out']:>16,}")
@@ -340,8 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--reason", help="why the range is restated (required with --restate)")
     top = sub.add_parser("top", parents=[common], help="top talkers over a window ending at the watermark (no Spark)")
     top.add_argument("--last", required=True, help="window length: 15m, 1h, 24h, 7d (any duration)")
-    top.add_argument("--by", default="host", choices=["host", "peer"],
-                     help="host = local address, peer = remote address (default host)")
+    top.add_argument("--by", default="host", choices=["host", "peer", "account"],
+                     help="host = local address, peer = remote address, account = accounts_file (default host)")
     top.add_argument("--limit", type=int, default=10, help="rows to print (default 10)")
     top.add_argument("--json", action="store_true")
     sub.add_parser("report", parents=[common],

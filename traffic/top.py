@@ -1,8 +1,10 @@
 """Top talkers over a sliding window that ends at the watermark: exact, and cheap whatever the window.
 
 The window ``[W - last, W)`` splits into whole hours, read from ``hourly`` (open or final: an
-hour's row always holds every on-time packet of that hour), and at most two partial hours at
-its edges, read from raw detail (``packets``) pruned to those hours alone. Totals are built one
+hour's row always holds every on-time packet of that hour) or, per account, from ``panes``,
+and at most two partial hours at its edges, read from raw detail (``packets``) pruned to those
+hours alone; per account, each raw packet takes the account of the mapping version in force at
+its time, as its pane did. Totals are built one
 hour at a time and folded into one running table per key, so memory grows with the number of
 keys, never with the length of the window.
 
@@ -17,17 +19,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from traffic.accounts import NO_ACCOUNTS, load_accounts
 from traffic.clock import hour_floor
 from traffic.delta import Warehouse, cluster_key
 from traffic.state import read_clock_state
 
 HOUR = timedelta(hours=1)
 #: What ``--by`` groups on.
-KEYS = {"host": "local_ip", "peer": "remote_ip"}
+KEYS = {"host": "local_ip", "peer": "remote_ip", "account": "account"}
 TOTALS = ("bytes", "packets", "bytes_in", "bytes_out")
 
 
@@ -60,25 +64,51 @@ def _fold(running: pa.Table | None, part: pa.Table, key: str) -> pa.Table:
     return _sum_by(part if running is None else pa.concat_tables([running, part]), key)
 
 
+def _by_direction(keys: pa.Array, key: str, size: pa.Array, count: pa.Array, direction: pa.Array) -> pa.Table:
+    """Rows of (key, bytes, packets, bytes_in, bytes_out) from a direction column."""
+    zero = pa.scalar(0, pa.int64())
+    return pa.table({
+        key: keys, "bytes": size, "packets": count,
+        "bytes_in": pc.if_else(pc.fill_null(pc.equal(direction, "in"), False), size, zero),
+        "bytes_out": pc.if_else(pc.fill_null(pc.equal(direction, "out"), False), size, zero),
+    })
+
+
+def _accounts_of(warehouse: Warehouse, local: pa.Array, ts: pa.Array) -> pa.Array:
+    """The account of each address under the mapping version in force at each packet's time."""
+    accounts = load_accounts(warehouse.settings.accounts_file)
+    versions = (NO_ACCOUNTS, *accounts.versions)
+    starts = np.array([int(v.effective_from.timestamp() * 1_000_000) for v in accounts.versions], dtype=np.int64)
+    which = np.searchsorted(starts, pc.cast(ts, pa.int64()).to_numpy(zero_copy_only=False), side="right")
+    owner = np.empty(len(local), dtype=object)
+    for index in np.unique(which):
+        rows = np.flatnonzero(which == index)
+        owner[rows] = versions[int(index)].lookup_many(local.take(pa.array(rows))).to_numpy(zero_copy_only=False)
+    return pa.array(owner, pa.string())
+
+
 def _raw_part(warehouse: Warehouse, hour: datetime, lo: datetime, hi: datetime, key: str) -> pa.Table:
     """Totals per key of the on-time packets with ``lo <= ts < hi`` in one hour's raw detail."""
     ts = pads.field("ts")
     stamp = pa.timestamp("us", tz="UTC")
+    address = "local_ip" if key == "account" else key
     packets = warehouse.table("packets").read_arrow(
-        keys=[cluster_key(hour, "hour")], columns=[key, "bytes", "direction"],
-        filter=(ts >= pa.scalar(lo, stamp)) & (ts < pa.scalar(hi, stamp)))
-    zero = pa.scalar(0, pa.int64())
-    direction = packets.column("direction")
-    return pa.table({
-        key: packets.column(key),
-        "bytes": packets.column("bytes"),
-        "packets": pa.array([1] * packets.num_rows, pa.int64()),
-        "bytes_in": pc.if_else(pc.fill_null(pc.equal(direction, "in"), False), packets.column("bytes"), zero),
-        "bytes_out": pc.if_else(pc.fill_null(pc.equal(direction, "out"), False), packets.column("bytes"), zero),
-    })
+        keys=[cluster_key(hour, "hour")], columns=["ts", address, "bytes", "direction"],
+        filter=(ts >= pa.scalar(lo, stamp)) & (ts < pa.scalar(hi, stamp))).combine_chunks()
+    keys = packets.column(address)
+    if key == "account":
+        keys = _accounts_of(warehouse, keys.combine_chunks(), packets.column("ts"))
+    return _sum_by(_by_direction(keys, key, packets.column("bytes"), pa.array([1] * packets.num_rows, pa.int64()),
+                                 packets.column("direction")), key)
 
 
 def _hourly_part(warehouse: Warehouse, hour: datetime, key: str) -> pa.Table:
+    """Totals per key of one whole hour: its ``hourly`` rows, or its panes per account."""
+    if key == "account":
+        panes = warehouse.table("panes").read_arrow(keys=[cluster_key(hour, "hour")],
+                                                    columns=["account", "direction", "bytes", "packets"])
+        return _sum_by(_by_direction(panes.column("account"), key, panes.column("bytes"), panes.column("packets"),
+                                     panes.column("direction")), key)
     return _sum_by(warehouse.table("hourly").read_arrow(keys=[cluster_key(hour, "hour")], columns=[key, *TOTALS]), key)
 
 

@@ -3,7 +3,8 @@
 Random streams (CSV with directions, two sources, 30 hours) are ingested in several batches and
 closed part-way, so the window covers frozen hours, open hours and the open hour holding W. For
 each window the result is compared, key by key and to the byte, with a sum over every raw
-packet in ``[W - last, W)``; raw detail is read only for the window's edge hours.
+packet in ``[W - last, W)``; raw detail is read only for the window's edge hours. Per account,
+the mapping changes inside the data: each packet counts for the account in force at its time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.harness import Harness
+from traffic.accounts import load_accounts
 from traffic.cli import main
 from traffic.clock import hour_floor
 from traffic.top import KEYS, TopError, top_talkers
@@ -22,6 +24,21 @@ from traffic.top import KEYS, TopError, top_talkers
 UTC = timezone.utc
 T0 = datetime(2026, 11, 3, 4, tzinfo=UTC)
 HEADER = "ts,local_ip,remote_ip,local_port,remote_port,protocol,bytes,direction"
+CHANGE = T0 + timedelta(hours=25, minutes=35)  # a new mapping version, inside every window but 15m
+ACCOUNTS = f"""
+[[version]]
+name = "first"
+effective_from = 2026-01-01
+[version.accounts]
+"alpha" = ["10.0.0.0/30"]
+"beta" = ["10.0.0.4/31"]
+
+[[version]]
+name = "alpha-grows"
+effective_from = {CHANGE:%Y-%m-%dT%H:%M:%SZ}
+[version.accounts]
+"alpha" = ["10.0.0.0/29"]
+"""
 
 
 def _stream(rng: random.Random, start: datetime, end: datetime, n: int) -> list[tuple]:
@@ -42,9 +59,11 @@ def _csv(packets: list[tuple], tick: datetime) -> str:
 
 def _brute_force(harness: Harness, start: datetime, end: datetime, column: str) -> dict:
     totals = defaultdict(lambda: [0, 0, 0, 0])
+    mapping = load_accounts(harness.settings.accounts_file)
     for p in harness.table("packets"):
         if start <= p["ts"] < end:
-            t = totals[p[column]]
+            key = mapping.version_at(p["ts"]).lookup(p["local_ip"]) if column == "account" else p[column]
+            t = totals[key]
             t[0] += p["bytes"]
             t[1] += 1
             t[2] += p["bytes"] if p["direction"] == "in" else 0
@@ -56,7 +75,9 @@ def _brute_force(harness: Harness, start: datetime, end: datetime, column: str) 
 def warehouse(spark, tmp_path_factory):
     """30 hours of two sources' traffic, in three deliveries, the first two hours' worth closed."""
     rng = random.Random(11)
-    harness = Harness(tmp_path_factory.mktemp("top"), spark, keep_hours=200)
+    root = tmp_path_factory.mktemp("top")
+    (root / "accounts.toml").write_text(ACCOUNTS)
+    harness = Harness(root, spark, keep_hours=200, accounts_file=root / "accounts.toml")
     for part in range(3):
         begin = T0 + timedelta(hours=10 * part)
         end = begin + timedelta(hours=10, minutes=rng.randint(0, 50), seconds=rng.randint(0, 59))
@@ -82,6 +103,8 @@ def test_window_totals_equal_a_brute_force_sum_over_raw_detail(warehouse, last, 
     expected = _brute_force(warehouse, watermark - last, watermark, KEYS[by])
     got = {r["key"]: (r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"]) for r in result.rows}
     assert got == expected and expected
+    if by == "account" and last >= timedelta(hours=24):
+        assert {"alpha", "beta", "unassigned"} <= set(got)  # both versions of the mapping in one window
     # Raw detail only for the partial hours at the window's edges, never for a whole hour.
     edges = {hour_floor(watermark - last), hour_floor(watermark)}
     assert set(result.raw_hours) <= edges and len(result.raw_hours) <= 2
