@@ -164,8 +164,9 @@ def cmd_run(args, settings, spark) -> int:
 
 def cmd_report(args, settings, spark) -> int:
     from traffic.html_report import write_report
+    from traffic.settings import parse_duration
 
-    path = write_report(settings)
+    path = write_report(settings, parse_duration("--top-last", args.top_last))
     print(f"report: {path}")
     return 0
 
@@ -345,8 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="host = local address, peer = remote address, account = accounts_file (default host)")
     top.add_argument("--limit", type=int, default=10, help="rows to print (default 10)")
     top.add_argument("--json", action="store_true")
-    sub.add_parser("report", parents=[common],
-                   help="write the HTML traffic report to <warehouse>/_reports/index.html (no Spark)")
+    report = sub.add_parser("report", parents=[common],
+                            help="write the HTML traffic report to <warehouse>/_reports/index.html (no Spark)")
+    report.add_argument("--top-last", default="24h",
+                        help="window of the top-talkers tables, ending at the watermark (default 24h; 7d, 90m …)")
     accept = sub.add_parser("accept", parents=[common],
                             help="accept a period that failed its checks (audited); roll-ups then proceed")
     accept.add_argument("--period", required=True, help="the failed period: 2026-11 (month), 2026-11-01 (day) "

@@ -4,13 +4,14 @@ One static, self-contained page (inline CSS, charts as inline SVG, no script, no
 written from the tables with Arrow reads only — no Spark — so ``traffic close`` refreshes it
 cheaply after every run that froze or rolled up something, and ``traffic report`` writes it
 on demand. Numbers carry ``data-*`` attributes with their exact values (tests read them).
+Beside it, ``bills/`` holds a page per account per billing period (``traffic.html_bills``).
 """
 
 from __future__ import annotations
 
 import html
 from collections import Counter, defaultdict
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -23,18 +24,24 @@ from traffic.settings import Settings
 UTC = timezone.utc
 HOURS_SHOWN = 72
 TOP = 10
+#: The window of the top-talkers tables: the last day before the watermark (``traffic report --top-last``).
+TOP_LAST = timedelta(hours=24)
 STATUS_COLOURS = {"passed": "#2f7d4f", "warning": "#c98a00", "failed": "#c0392b", "accepted": "#7048a8",
                   None: "#8a8a8a"}
 
 
-def write_report(settings: Settings) -> Path:
-    """Write the report; returns its path."""
+def write_report(settings: Settings, top_last: timedelta = TOP_LAST) -> Path:
+    """Write the report (``index.html`` and the bills pages under ``bills/``); returns the index's path."""
+    from traffic.html_bills import write_bill_pages
+
     warehouse = Warehouse(settings, engine="rs")
     if not warehouse.exists():
         raise StorageError(f"no warehouse at {settings.warehouse} yet (run `traffic ingest` or `traffic demo`)")
-    page = render(warehouse, settings.now or datetime.now(UTC))
+    generated = settings.now or datetime.now(UTC)
     out = reports_dir(warehouse)
     out.mkdir(parents=True, exist_ok=True)
+    bills = write_bill_pages(warehouse, out, generated)
+    page = render(warehouse, generated, top_last, bills)
     path = out / "index.html"
     tmp = out / ".index.html.tmp"
     tmp.write_text(page, encoding="utf-8")
@@ -197,8 +204,8 @@ a{color:#1f5f99}td.p{white-space:nowrap}
 """
 
 
-def render(warehouse: Warehouse, generated: datetime) -> str:
-    """The whole page as one string."""
+def render(warehouse: Warehouse, generated: datetime, top_last: timedelta = TOP_LAST, bills=()) -> str:
+    """The whole page as one string (``bills``: the periods whose bills pages were written)."""
     data = _gather(warehouse)
     state, ledger = data["state"], data["ledger"]
     by_grain: dict[str, list[dict]] = defaultdict(list)
@@ -281,6 +288,8 @@ def render(warehouse: Warehouse, generated: datetime) -> str:
                       f'<th>bytes</th><th>packets</th><th></th></tr>'
                       + (body or '<tr><td colspan="4" class="empty">No day closed yet.</td></tr>') + '</table></div>')
     out.append('<section id="top"><div class="cols">' + "".join(tables) + '</div></section>')
+    out.append(_top_talkers_section(warehouse, top_last))
+    out.append(_bills_section(bills))
 
     # Late and rejected
     late_by_day: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -304,6 +313,57 @@ def render(warehouse: Warehouse, generated: datetime) -> str:
 
     out.append('</main></body></html>')
     return "".join(out)
+
+
+def duration_label(span: timedelta) -> str:
+    """``24 h``, ``7 d``, ``90 min``, ``45 s``: the largest unit that divides the span."""
+    seconds = int(span.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+def _top_talkers_section(warehouse: Warehouse, last: timedelta) -> str:
+    """Top hosts, peers and (with an accounts file) accounts over ``[W - last, W)`` (``traffic top``)."""
+    from traffic.top import TopError, top_talkers
+
+    groupings = [("host", "local host"), ("peer", "remote peer")]
+    if warehouse.settings.accounts_file:
+        groupings.append(("account", "account"))
+    tables, window = [], ""
+    for by, label in groupings:
+        try:
+            result = top_talkers(warehouse, last, by, TOP)
+        except TopError as error:
+            return (f'<section id="top-talkers"><h2>Top talkers, last {duration_label(last)}</h2>'
+                    f'<p class="empty">{_e(error)}</p></section>')
+        window = (f'<span data-top-start="{result.start.isoformat()}" data-top-end="{result.end.isoformat()}">'
+                  f'{result.start:%Y-%m-%d %H:%M} → {result.end:%Y-%m-%d %H:%M} UTC</span>'
+                  + (f' <span class="note">({_e(result.note)})</span>' if result.note else ""))
+        peak = result.rows[0]["bytes"] if result.rows else 0
+        body = "".join(f'<tr data-top-{by}="{_e(r["key"])}"><td>{_e(r["key"] if r["key"] is not None else "-")}</td>'
+                       f'{_num(r["bytes"])}{_num(r["packets"], "packets")}{_num(r["bytes_in"])}{_num(r["bytes_out"])}'
+                       f'<td>{_share_bar(r["bytes"], peak)}</td></tr>' for r in result.rows)
+        tables.append(f'<div><h2>Top {label}s</h2><p class="note">{len(result.rows)} of {result.keys:,}</p><table>'
+                      f'<tr><th>{label}</th><th>bytes</th><th>packets</th><th>in</th><th>out</th><th></th></tr>'
+                      + (body or '<tr><td colspan="6" class="empty">No traffic in the window.</td></tr>')
+                      + '</table></div>')
+    return (f'<section id="top-talkers"><h2>Top talkers, last {duration_label(last)} to the watermark: {window}</h2>'
+            '<p class="note">Exact totals over the window (<code>traffic top --last</code>): whole hours from the '
+            'hourly totals (per account from the panes), the partial hours at its edges from raw detail. '
+            '<code>traffic report --top-last 7d</code> chooses another window.</p><div class="cols">'
+            + "".join(tables) + '</div></section>')
+
+
+def _bills_section(bills) -> str:
+    """The bills of every period with final panes, linking to each account's bills page."""
+    from traffic.html_bills import bills_table
+
+    return ('<section id="bills"><h2>Bills</h2><p class="note">Per account and billing period: volume and the '
+            '95th-percentile rate, for the last two periods with final panes. Each account links to its bills page '
+            '(rate per 5-minute pane with the 95th percentile, monthly totals); every period: '
+            '<a href="bills/index.html">all bills</a>.</p>' + bills_table(list(bills)[-2:], "bills/") + '</section>')
 
 
 def _quality_section(ledger: list[dict], results: list[dict], pages: dict) -> str:
