@@ -11,4 +11,4 @@ test-fast: setup
 airflow: setup
 	@bash scripts/airflow.sh
 screenshots: setup
-	@UPDATE_DOC_IMAGES=1 bash scripts/test.sh tests/integration/test_report.py tests/e2e
+	@UPDATE_DOC_IMAGES=1 bash scripts/test.sh tests/integration/test_report.py tests/integration/test_report_bills.py tests/e2e
