@@ -164,9 +164,12 @@ def cmd_run(args, settings, spark) -> int:
 
 def cmd_report(args, settings, spark) -> int:
     from traffic.html_report import write_report
-    from traffic.settings import parse_duration
+    from traffic.settings import SettingsError, parse_duration
 
-    path = write_report(settings, parse_duration("--top-last", args.top_last))
+    top_last = parse_duration("--top-last", args.top_last)
+    if top_last.total_seconds() <= 0:
+        raise SettingsError("--top-last must be a positive duration (24h, 7d, 90m)")
+    path = write_report(settings, top_last)
     print(f"report: {path}")
     return 0
 

@@ -226,6 +226,9 @@ def test_traffic_report_top_last_chooses_the_window(run, capsys):
     assert expected.raw_hours  # the window starts inside an hour: that part is read from raw detail
     assert [(r["attrs"]["data-top-account"], int(r["cells"][1]["attrs"]["data-bytes"]))
             for r in parsed.rows if "data-top-account" in r["attrs"]] == [(e["key"], e["bytes"]) for e in expected.rows]
+    capsys.readouterr()
+    assert cli.main(["report", "--warehouse", str(harness.settings.warehouse), "--top-last", "0"]) == 2
+    assert "--top-last must be a positive duration" in capsys.readouterr().err
 
 
 def test_bills_pages_are_self_contained_and_small(run):
