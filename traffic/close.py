@@ -561,30 +561,42 @@ def roll_up_days(warehouse: Warehouse, days: list[date], frozen_now=frozenset(),
         history = st.watermark_history(warehouse)
         for start in rollable:
             parts = [r for h, r in hours.items() if start <= h < start + DAY]
-            table_bytes, table_packets = stored.get(start, (0, 0))
-            source = from_hours.get(start)
-            day_rows.append({
-                "grain": "day", "period_start": start, "bytes": table_bytes, "packets": table_packets,
-                **_children_summary(parts),
-                "sources_reporting": _sources_between(warehouse, max(start, min(r["period_start"] for r in parts)),
-                                                      start + DAY),
-                "closed_at_watermark": st.closed_at(history, start + DAY),
-                "dq_status": None, "restated": restated, "dq_note": None,
-                "table_bytes": table_bytes, "table_packets": table_packets,
-                "source_bytes": int(source["bytes"]) if source else 0,
-                "source_packets": int(source["packets"]) if source else 0,
-                "parts_bytes": sum(r["bytes"] for r in parts),
-            })
+            day_rows.append(_rolled_up_row(warehouse, "day", start, start + DAY, parts, stored.get(start, (0, 0)),
+                                           from_hours.get(start), history, restated))
         check.validate("periods", _ledger_frame(day_rows), periods, asset="periods.days")
         daily.unpersist()
-        for row in day_rows:
-            row["dq_status"], row["dq_note"] = check.status("day", row["period_start"])
-            if row["dq_status"] == "failed":
-                failures.append(check.message("day", row["period_start"]))
+        failures += _judge(check, day_rows)
     hourly.unpersist()
     check.record()
     st.write_ledger_rows(warehouse, _store(changed + day_rows), op="roll_up")
     return [s.date() for s in rollable], failures, check
+
+
+def _rolled_up_row(warehouse: Warehouse, grain: str, start: datetime, end: datetime, parts: list[dict],
+                   stored: tuple[int, int], source: dict | None, history, restated: str | None) -> dict:
+    """The ledger row of a rolled-up day or month, with the figures its checks compare."""
+    table_bytes, table_packets = stored
+    return {
+        "grain": grain, "period_start": start, "bytes": table_bytes, "packets": table_packets,
+        **_children_summary(parts),
+        "sources_reporting": _sources_between(warehouse, max(start, min(r["period_start"] for r in parts)), end),
+        "closed_at_watermark": st.closed_at(history, end),
+        "dq_status": None, "restated": restated, "dq_note": None,
+        "table_bytes": table_bytes, "table_packets": table_packets,
+        "source_bytes": int(source["bytes"]) if source else 0,
+        "source_packets": int(source["packets"]) if source else 0,
+        "parts_bytes": sum(r["bytes"] for r in parts),
+    }
+
+
+def _judge(check, rows: list[dict]) -> list[str]:
+    """Set each ledger row's verdict from the checks; the messages of the failed ones."""
+    failures = []
+    for row in rows:
+        row["dq_status"], row["dq_note"] = check.status(row["grain"], row["period_start"])
+        if row["dq_status"] == "failed":
+            failures.append(check.message(row["grain"], row["period_start"]))
+    return failures
 
 
 def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=frozenset(), restated: str | None = None):
@@ -646,26 +658,11 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
         history = st.watermark_history(warehouse)
         for month in rollable:
             parts = [r for d, r in days.items() if month <= d < next_month(month)]
-            table_bytes, table_packets = stored.get(month, (0, 0))
-            source = from_days.get(month)
-            month_rows.append({
-                "grain": "month", "period_start": month, "bytes": table_bytes, "packets": table_packets,
-                **_children_summary(parts),
-                "sources_reporting": _sources_between(warehouse, max(month, min(r["period_start"] for r in parts)),
-                                                      next_month(month)),
-                "closed_at_watermark": st.closed_at(history, next_month(month)),
-                "dq_status": None, "restated": restated, "dq_note": None,
-                "table_bytes": table_bytes, "table_packets": table_packets,
-                "source_bytes": int(source["bytes"]) if source else 0,
-                "source_packets": int(source["packets"]) if source else 0,
-                "parts_bytes": sum(r["bytes"] for r in parts),
-            })
+            month_rows.append(_rolled_up_row(warehouse, "month", month, next_month(month), parts,
+                                             stored.get(month, (0, 0)), from_days.get(month), history, restated))
         check.validate("periods", _ledger_frame(month_rows), periods, asset="periods.months")
         monthly.unpersist()
-        for row in month_rows:
-            row["dq_status"], row["dq_note"] = check.status("month", row["period_start"])
-            if row["dq_status"] == "failed":
-                failures.append(check.message("month", row["period_start"]))
+        failures += _judge(check, month_rows)
     daily.unpersist()
     check.record()
     st.write_ledger_rows(warehouse, _store(changed + month_rows), op="roll_up")

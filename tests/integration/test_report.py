@@ -11,9 +11,7 @@ with headless Chromium into ``test-output/report.png`` (``make screenshots`` als
 from __future__ import annotations
 
 import json
-import shutil
 import struct
-import subprocess
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from html.parser import HTMLParser
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Harness
-from tests.screenshots import publish_for_docs
+from tests.screenshots import chromium_screenshot
 from traffic import demo
 from traffic.close import close
 from traffic.html_report import write_report
@@ -31,8 +29,6 @@ from traffic.quality import period_label
 UTC = timezone.utc
 START = datetime(2026, 10, 31, 20, tzinfo=UTC)
 OUTAGE = datetime(2026, 11, 1, 9, tzinfo=UTC)
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 class Rows(HTMLParser):
@@ -178,21 +174,7 @@ def test_traffic_report_command_writes_the_same_page(run):
 
 def test_screenshot_in_headless_chromium(run):
     _, page, _ = run
-    if not CHROMIUM.exists():
-        pytest.fail("headless Chromium is not installed: apt-get install -y chromium (make test installs it)")
-    out = ROOT / "test-output"
-    out.mkdir(exist_ok=True)
-    shot = out / "report.png"
-    shot.unlink(missing_ok=True)
-    completed = subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-         f"--user-data-dir={out / 'chromium-profile'}", "--window-size=1200,2400", f"--screenshot={shot}",
-         page.as_uri()], capture_output=True, text=True, timeout=120)
-    assert shot.exists(), completed.stderr[-2000:]
-    data = shot.read_bytes()
+    data = chromium_screenshot(page, "report.png", 1200, 2400)
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (1200, 2400) and len(data) > 50_000  # a drawn page, not a blank one
-    publish_for_docs(shot)
-    shutil.rmtree(out / "chromium-profile", ignore_errors=True)

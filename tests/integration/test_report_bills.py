@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import struct
-import subprocess
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_report import CHROMIUM, ROOT, Rows
+from tests.integration.test_report import Rows
 from tests.harness import Harness
-from tests.screenshots import publish_for_docs
+from tests.screenshots import chromium_screenshot
 from traffic import cli
 from traffic.bills import account_totals, bill_rows, compute_period, final_panes
 from traffic.billing import BillingCycle
@@ -243,20 +241,6 @@ def test_bills_pages_are_self_contained_and_small(run):
 
 def test_screenshot_of_a_bills_page_in_headless_chromium(run):
     _, reports = run
-    if not CHROMIUM.exists():
-        pytest.fail("headless Chromium is not installed: apt-get install -y chromium (make test installs it)")
-    out = ROOT / "test-output"
-    out.mkdir(exist_ok=True)
-    shot = out / "bills.png"
-    shot.unlink(missing_ok=True)
-    completed = subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-         f"--user-data-dir={out / 'chromium-profile-bills'}", "--window-size=1200,1300", f"--screenshot={shot}",
-         (reports / "bills" / "2026-10" / "acme.html").as_uri()], capture_output=True, text=True, timeout=120)
-    assert shot.exists(), completed.stderr[-2000:]
-    data = shot.read_bytes()
+    data = chromium_screenshot(reports / "bills" / "2026-10" / "acme.html", "bills.png", 1200, 1300)
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (1200, 1300) and len(data) > 30_000  # a drawn page, not a blank one
-    publish_for_docs(shot)
-    shutil.rmtree(out / "chromium-profile-bills", ignore_errors=True)
