@@ -1,4 +1,4 @@
-"""``traffic`` — the command line: ingest, close, run, status, show, report, accept, replay, bill, demo.
+"""``traffic`` — the command line: ingest, close, run, status, show, report, accept, replay, bill, spark, demo.
 
 Errors a person can fix print one line and exit 2; a failed check exits 3; anything
 unexpected prints one line (and the details with ``--debug``) and exits 1.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from datetime import datetime, timezone
@@ -27,7 +28,7 @@ _SETTING_OPTIONS = {
     "local_networks": "comma-separated CIDRs of the local side (captures)",
     "expected_sources": "comma-separated sources expected every 5 minutes (completeness)",
     "engine": "Delta engine: auto, rs or spark",
-    "spark_master": "Spark master (default local[2])",
+    "spark_master": "Spark master (default auto: the warm server of `traffic spark start`, else local[2])",
 }
 
 
@@ -58,8 +59,12 @@ class SparkHolder:
         if self.spark is None:
             from traffic.spark import build_spark
 
+            from traffic.spark import resolve_master
+
             clock = time.perf_counter()
-            print("starting Spark …", file=sys.stderr, flush=True)
+            master = resolve_master(self.settings)
+            print(f"connecting to the warm Spark at {master} …" if master.startswith("sc://") else "starting Spark …",
+                  file=sys.stderr, flush=True)
             self.spark = build_spark(self.settings, self.app_name)
             self.started_in = time.perf_counter() - clock
         return self.spark
@@ -304,6 +309,35 @@ def cmd_bill(args, settings, spark) -> int:
     return 0
 
 
+def cmd_spark(args, settings, spark) -> int:
+    """Start, stop or show the warehouse's warm Spark Connect server (127.0.0.1 only)."""
+    from traffic import connect
+    from traffic.delta import Warehouse
+
+    state_dir = Warehouse(settings, engine="rs").state_dir()
+    if args.action == "start":
+        clock = time.perf_counter()
+        print("starting Spark Connect (127.0.0.1) …", file=sys.stderr, flush=True)
+        record, started = connect.start_recorded(state_dir, args.port, os.environ.get("SPARK_DRIVER_MEMORY", "2g"),
+                                                 settings.shuffle_partitions)
+        if not started:
+            print(f"spark: already running at {record['url']} (pid {record['pid']}, since {record['started_at']})")
+            return 0
+        print(f"spark: warm server ready at {record['url']} in {time.perf_counter() - clock:.1f} s "
+              f"(pid {record['pid']}, log {record['log']}); jobs on {settings.warehouse} use it until "
+              "`traffic spark stop`")
+        return 0
+    if args.action == "stop":
+        record = connect.stop_recorded(state_dir)
+        print(f"spark: stopped the server at {record['url']} (pid {record['pid']})" if record
+              else "spark: no warm server is running for this warehouse")
+        return 0
+    record = connect.recorded_server(state_dir)
+    print(f"spark: running at {record['url']} (pid {record['pid']}, since {record['started_at']}, log {record['log']})"
+          if record else "spark: no warm server; jobs start their own local Spark (`traffic spark start` keeps one warm)")
+    return 0
+
+
 def cmd_demo(args, settings, spark) -> int:
     from traffic.demo import run_demo
 
@@ -364,6 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
     bill.add_argument("--period", required=True, help="the billing period, by the month it starts in (2026-10)")
     bill.add_argument("--account", help="one account (default: every account)")
     bill.add_argument("--json", action="store_true", help="print the bills as JSON (exact integers and rates)")
+    spark = sub.add_parser("spark", parents=[common],
+                           help="keep a warm Spark for this warehouse: start, stop or status of a local Spark Connect "
+                                "server that later jobs use (spark_master auto)")
+    spark.add_argument("action", choices=["start", "stop", "status"])
+    spark.add_argument("--port", type=int, help="port on 127.0.0.1 (default: a free one)")
     demo = sub.add_parser("demo", parents=[common], help="generate sample traffic and run the whole pipeline on it")
     demo.add_argument("--dir", default="demo", help="folder for the demo's inbox and warehouse (default ./demo)")
     return parser
@@ -371,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": cmd_status, "show": cmd_show,
             "top": cmd_top, "bill": cmd_bill, "report": cmd_report, "accept": cmd_accept, "replay": cmd_replay,
-            "demo": cmd_demo}
+            "spark": cmd_spark, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None, spark=None) -> int:

@@ -113,7 +113,21 @@ def complete(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     return result
 
 
-def _chunks(plan: dict, split_bytes: int) -> list[tuple]:
+MIN_SPLIT_BYTES = 4 * 1024 * 1024
+
+
+def _piece_bytes(size: int, split_bytes: int, parallelism: int) -> int:
+    """Bytes per parse task of a text file: at most ``split_bytes``, in equal pieces.
+
+    A file a little over ``split_bytes`` would otherwise be one full task and a sliver (one core
+    does all the work); a file of several MiB is spread over ``parallelism`` tasks, never into
+    pieces under ``MIN_SPLIT_BYTES``.
+    """
+    pieces = max(-(-size // split_bytes), min(parallelism, size // MIN_SPLIT_BYTES), 1)
+    return max(1, -(-size // pieces))
+
+
+def _chunks(plan: dict, split_bytes: int, parallelism: int = 1) -> list[tuple]:
     """(path, source, name, start, end, splittable) per parse task: big text files are split by bytes."""
     from traffic.readers import CAPTURE, detect_format
 
@@ -128,10 +142,10 @@ def _chunks(plan: dict, split_bytes: int) -> list[tuple]:
         if fmt == CAPTURE or fmt != "router-feed":
             chunks.append((f["path"], f["source"], f["name"], fmt, start, end))
             continue
-        offset = start
+        offset, piece = start, _piece_bytes(end - start, split_bytes, parallelism)
         while offset < end:
-            chunks.append((f["path"], f["source"], f["name"], fmt, offset, min(end, offset + split_bytes)))
-            offset += split_bytes
+            chunks.append((f["path"], f["source"], f["name"], fmt, offset, min(end, offset + piece)))
+            offset += piece
     return chunks
 
 
@@ -189,7 +203,7 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     now = datetime.fromisoformat(plan["now"])
     files = plan["files"]
     file_start = {f["path"]: f["start"] for f in files}
-    chunks = _chunks(plan, settings.split_bytes)
+    chunks = _chunks(plan, settings.split_bytes, settings.shuffle_partitions)
     progress(f"batch {batch_id}: {len(chunks)} parse task(s) over "
              f"{sum(1 for f in files if f['status'] in inbox_mod.TO_READ)} file(s)")
     time_range = tuple(datetime.fromisoformat(t) for t in plan["range"]) if plan.get("range") else None

@@ -413,12 +413,23 @@ def _attribute(result: dict, config, suite_meta: dict, periods: list[tuple[str, 
 
 
 def _pandas(table: pa.Table):
-    """Arrow → pandas for GX, integers kept as nullable integers (not floats with NaN)."""
+    """Arrow → pandas for GX, integers kept exact.
+
+    An integer column without nulls becomes numpy ``int64``: GX's range checks are vectorised only
+    for numpy dtypes and fall back to a Python call per value for nullable ones (0.7 s per 100,000
+    rows). A column with nulls keeps pandas' nullable integer dtype (never floats with NaN).
+    """
     import pandas as pd
 
-    mapping = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype(), pa.int16(): pd.Int16Dtype(),
-               pa.int8(): pd.Int8Dtype(), pa.bool_(): pd.BooleanDtype()}
-    return table.to_pandas(types_mapper=mapping.get)
+    nullable = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype(), pa.int16(): pd.Int16Dtype(),
+                pa.int8(): pd.Int8Dtype(), pa.bool_(): pd.BooleanDtype()}
+    columns = {}
+    for name, column in zip(table.column_names, table.columns):
+        if pa.types.is_integer(column.type) and column.null_count == 0:
+            columns[name] = pd.Series(column.cast(pa.int64()).to_numpy(), name=name)
+        else:
+            columns[name] = column.to_pandas(types_mapper=nullable.get).rename(name)
+    return pd.DataFrame(columns) if columns else table.to_pandas()
 
 
 def _describe(config, rows: list[dict]) -> str:

@@ -107,7 +107,7 @@ class Settings:
     min_file_age: timedelta = timedelta(0)
     lock_timeout: timedelta = timedelta(minutes=10)
     engine: str = "auto"
-    spark_master: str = "local[2]"
+    spark_master: str = "auto"
     spark_jars_dir: Path | None = None
     shuffle_partitions: int = 4
     split_bytes: int = 64 * 1024 * 1024

@@ -14,6 +14,26 @@ from traffic.settings import Settings
 LOG4J = Path(__file__).resolve().parent / "conf" / "log4j2.properties"
 
 
+#: What ``spark_master = auto`` means when the warehouse has no warm server running.
+LOCAL_MASTER = "local[2]"
+
+
+def resolve_master(settings: Settings) -> str:
+    """``auto``: the warehouse's warm Spark Connect server (``traffic spark start``) if it runs, else local.
+
+    Under ``spark-submit`` the JVM is already up, so ``auto`` never reaches for a server there.
+    """
+    if settings.spark_master != "auto":
+        return settings.spark_master
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        from traffic.connect import recorded_server
+
+        record = recorded_server(Path(settings.warehouse) / "_traffic")
+        if record:
+            return record["url"]
+    return LOCAL_MASTER
+
+
 def build_spark(settings: Settings, app_name: str):
     """A SparkSession tuned for this pipeline: UTC, microsecond timestamps, few partitions, no UI."""
     from pyspark.sql import SparkSession
@@ -28,12 +48,13 @@ def build_spark(settings: Settings, app_name: str):
     os.environ["TZ"] = "UTC"
     time.tzset()
     warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
-    if settings.spark_master.startswith("sc://"):
-        return _connect(settings)
+    master = resolve_master(settings)
+    if master.startswith("sc://"):
+        return _connect(settings.replace(spark_master=master))
     builder = SparkSession.builder.appName(app_name)
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         # Under spark-submit (Airflow, a cluster) the JVM is already up and its --master decides.
-        builder = builder.master(settings.spark_master)
+        builder = builder.master(master)
     builder = (
         builder
         .config("spark.sql.session.timeZone", "UTC")

@@ -84,3 +84,23 @@ def test_a_file_renamed_into_place_is_taken_once(spark, tmp_path):
     temporary.rename(temporary.with_name("x.csv"))
     assert harness.ingest().packets_on_time == 4
     assert harness.ingest().nothing_to_do
+
+
+def test_a_tick_with_nothing_to_do_never_starts_spark(spark, tmp_path):
+    """An empty inbox, and a close up to an hour already final, are decided without a JVM (issue 8)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    harness = Harness(tmp_path, spark)
+    harness.deliver("r1", _lines(0, 5) + tick_line(T0 + timedelta(hours=2)) + "\n")
+    harness.ingest()
+    assert [h.hour for h in harness.close().hours_frozen] == [10, 11]
+    traffic = str(Path(sys.executable).with_name("traffic"))
+    common = ["--warehouse", str(harness.settings.warehouse), "--inbox", str(harness.settings.inbox),
+              "--set", "now=2026-12-01T00:00:00+00:00"]
+    for command in (["run"], ["close", "--until", "2026-11-01T12:00:00+00:00"]):
+        done = subprocess.run([traffic, *command, *common], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "starting Spark" not in done.stderr, (command, done.stderr)
+        assert "nothing" in done.stdout, done.stdout

@@ -23,3 +23,31 @@ def test_chunks_cover_each_line_exactly_once(tmp_path_factory, lines, split, cou
         pieces.append(read_chunk(str(path), offset, min(len(data), offset + split), start))
         offset += split
     assert b"".join(pieces) == data[start:]
+
+
+MiB = 1024 * 1024
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(0, 400 * MiB), split=st.integers(MiB, 128 * MiB), parallelism=st.integers(1, 8))
+def test_parse_tasks_are_equal_pieces_no_bigger_than_split_bytes(size, split, parallelism):
+    from traffic.ingest import MIN_SPLIT_BYTES, _piece_bytes
+
+    piece = _piece_bytes(size, split, parallelism)
+    tasks = -(-size // piece) if size else 0
+    assert piece <= max(split, 1)
+    assert tasks >= -(-size // split)  # never fewer tasks than split_bytes asks for
+    if size >= parallelism * MIN_SPLIT_BYTES:
+        assert tasks >= parallelism  # a file worth spreading keeps every core busy
+    if tasks > 1:
+        assert piece >= min(MIN_SPLIT_BYTES, split) or tasks == -(-size // split)
+        assert size - (tasks - 1) * piece > 0  # no empty task at the end
+
+
+def test_a_file_just_over_split_bytes_is_not_one_task_and_a_sliver():
+    from traffic.ingest import _piece_bytes
+
+    size = 69 * 1000 * 1000  # the 1 M-packet bench feed against the 64 MiB default
+    piece = _piece_bytes(size, 64 * MiB, 4)
+    assert -(-size // piece) == 4 and piece == -(-size // 4)
+    assert _piece_bytes(3 * MiB, 64 * MiB, 4) == 3 * MiB  # small files stay whole
