@@ -141,16 +141,22 @@ def parse_router_feed(data: bytes, *, source: str, input_file: str) -> pa.Table:
             quoted_strings_can_be_null=False,
         ),
     )
-    raw = pc.binary_join_element_wise(*[table.column(c) for c in _ROUTER_COLUMNS], ",")
+    table = table.combine_chunks()
+
+    def raw(rows: pa.Array) -> pa.Array:  # the record text, rebuilt only for the rows that are rejected
+        return pc.binary_join_element_wise(*[pc.take(table.column(c), rows) for c in _ROUTER_COLUMNS], ",")
+
     opcode_ok = pc.and_kleene(pc.equal(table.column("op_new"), "new"), pc.equal(table.column("opcode"), "OP_INSERT"))
     fields = {c: table.column(c) for c in PACKET_FIELDS if c in table.column_names}
-    fields["protocol"] = fields["direction"] = pa.array([""] * table.num_rows, pa.string())
-    opcode_reason = pc.if_else(
-        opcode_ok, pa.scalar(None, pa.string()),
-        pc.binary_join_element_wise(
-            "unknown operation '", table.column("op_new"), ",", table.column("opcode"),
-            "' (only new,OP_INSERT is accepted)", ""),
-    )
+    fields["protocol"] = fields["direction"] = pa.repeat(pa.scalar("", pa.string()), table.num_rows)
+    opcode_reason = None
+    if not pc.all(opcode_ok).as_py():
+        opcode_reason = pc.if_else(
+            opcode_ok, pa.scalar(None, pa.string()),
+            pc.binary_join_element_wise(
+                "unknown operation '", table.column("op_new"), ",", table.column("opcode"),
+                "' (only new,OP_INSERT is accepted)", ""),
+        )
     packets = judge(fields, raw, source=source, input_file=input_file, prior_reason=opcode_reason,
                     require_ports=True, blank_is_tick=False)
     extra = _router_odd_rows(odd, source=source, input_file=input_file)
@@ -279,22 +285,26 @@ def _iso_to_micros(ts: pa.Array) -> pa.Array:
 # -- judging --------------------------------------------------------------------------------
 
 
-def judge(fields: dict[str, pa.Array], raw: pa.Array, *, source: str, input_file: str,
+def judge(fields: dict[str, pa.Array], raw, *, source: str, input_file: str,
           prior_reason: pa.Array | None = None, record_source: pa.Array | None = None,
           require_ports: bool = False, blank_is_tick: bool = True) -> pa.Table:
-    """Validate text columns into packets, ticks and rejects (first failing check names the reason)."""
-    n = len(raw)
+    """Validate text columns into packets, ticks and rejects (first failing check names the reason).
+
+    ``raw`` is the record text per row, or a function of row indices that builds it: it is only
+    needed for rejected rows, as are the reasons, so a clean file never builds either.
+    """
+    n = len(fields["ts"])
     if n == 0:
         return PARSED_SCHEMA.empty_table()
     null_str = pa.scalar(None, pa.string())
     col = {k: (v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v) for k, v in fields.items()}
     col = {k: pc.fill_null(v, "") for k, v in col.items()}
-    blank = {k: pc.equal(pc.utf8_length(v), 0) for k, v in col.items()}
+    blank = {k: pc.equal(pc.binary_length(v), 0) for k, v in col.items()}
     is_tick = pc.and_kleene(pc.invert(blank["ts"]), _all([blank[k] for k in PACKET_FIELDS if k != "ts"]))
     if not blank_is_tick:  # router-feed: only a 3-field line is a tick; empty packet fields are an error
-        is_tick = pa.array([False] * n)
+        is_tick = pa.repeat(pa.scalar(False), n)
 
-    ts_ok = pc.match_substring_regex(col["ts"], _DIGITS)
+    ts_ok = _digits(col["ts"], 19)
     ts_num = _to_int(col["ts"], ts_ok)
     ts_ok = pc.and_kleene(ts_ok, pc.less_equal(ts_num, _MAX_TS_US))
 
@@ -304,51 +314,62 @@ def judge(fields: dict[str, pa.Array], raw: pa.Array, *, source: str, input_file
     ports = {}
     port_ok = {}
     for name in ("local_port", "remote_port"):
-        ok = pc.match_substring_regex(col[name], r"^[0-9]{1,5}$")
+        ok = _digits(col[name], 5)
         num = _to_int(col[name], ok)
         ok = pc.and_kleene(ok, pc.less_equal(num, 65535))
         if not require_ports:
             ok = pc.or_kleene(ok, blank[name])
         ports[name] = pc.if_else(ok, num, None).cast(pa.int32())
         port_ok[name] = ok
-    proto_ok = pc.match_substring_regex(col["protocol"], r"^[0-9]{1,3}$")
+    proto_ok = _digits(col["protocol"], 3)
     proto = _to_int(col["protocol"], proto_ok)
     proto_ok = pc.or_kleene(pc.and_kleene(proto_ok, pc.less_equal(proto, 255)), blank["protocol"])
-    size_ok = pc.match_substring_regex(col["bytes"], r"^[0-9]{1,10}$")
+    size_ok = _digits(col["bytes"], 10)
     size = _to_int(col["bytes"], size_ok)
     limit = pc.if_else(v6, MAX_BYTES_V6, MAX_BYTES_V4)
     size_in_range = pc.less_equal(size, limit)
-    negative = pc.match_substring_regex(col["bytes"], r"^-[0-9]+$")
+    negative = pc.starts_with(col["bytes"], "-")
+    if pc.any(negative).as_py():
+        negative = pc.and_kleene(negative, pc.ascii_is_decimal(pc.utf8_slice_codeunits(col["bytes"], 1)))
     direction = col["direction"]
     dir_ok = pc.or_kleene(blank["direction"], pc.is_in(direction, pa.array(_DIRECTIONS)))
 
+    def quoted(before: str, name: str, after: str):
+        return lambda pick: pc.binary_join_element_wise(before, pick(col[name]), after, "")
+
+    # (passes?, reason where it does not) in order; a reason is built only for the rows that fail.
     checks = [
-        (ts_ok, pc.binary_join_element_wise("time '", col["ts"], "' is not microseconds since 1970 (or ISO-8601)", "")),
-        (local_ok, pc.binary_join_element_wise("local_ip '", col["local_ip"], "' is not an IPv4 or IPv6 address", "")),
-        (remote_ok, pc.binary_join_element_wise("remote_ip '", col["remote_ip"], "' is not an IPv4 or IPv6 address", "")),
-        (pc.equal(local_v6, remote_v6), pa.scalar("local_ip and remote_ip are of different families (IPv4 and IPv6)")),
-        (port_ok["local_port"], pc.binary_join_element_wise("local_port '", col["local_port"], "' is not a port 0-65535", "")),
-        (port_ok["remote_port"], pc.binary_join_element_wise("remote_port '", col["remote_port"], "' is not a port 0-65535", "")),
-        (proto_ok, pc.binary_join_element_wise("protocol '", col["protocol"], "' is not a protocol number 0-255", "")),
-        (pc.invert(negative), pc.binary_join_element_wise("byte count ", col["bytes"], " is negative", "")),
-        (size_ok, pc.binary_join_element_wise("byte count '", col["bytes"], "' is not a whole number", "")),
-        (size_in_range, pc.binary_join_element_wise(
-            "byte count ", col["bytes"], pc.if_else(v6, " is more than an IPv6 packet can carry (4294967335)",
-                                                    " is more than an IPv4 packet can carry (65535)"), "")),
-        (dir_ok, pc.binary_join_element_wise("direction '", direction, "' is not in/out/internal/transit", "")),
+        (ts_ok, quoted("time '", "ts", "' is not microseconds since 1970 (or ISO-8601)")),
+        (local_ok, quoted("local_ip '", "local_ip", "' is not an IPv4 or IPv6 address")),
+        (remote_ok, quoted("remote_ip '", "remote_ip", "' is not an IPv4 or IPv6 address")),
+        (pc.equal(local_v6, remote_v6), lambda pick: "local_ip and remote_ip are of different families (IPv4 and IPv6)"),
+        (port_ok["local_port"], quoted("local_port '", "local_port", "' is not a port 0-65535")),
+        (port_ok["remote_port"], quoted("remote_port '", "remote_port", "' is not a port 0-65535")),
+        (proto_ok, quoted("protocol '", "protocol", "' is not a protocol number 0-255")),
+        (pc.invert(negative), quoted("byte count ", "bytes", " is negative")),
+        (size_ok, quoted("byte count '", "bytes", "' is not a whole number")),
+        (size_in_range, lambda pick: pc.binary_join_element_wise(
+            "byte count ", pick(col["bytes"]), pc.if_else(pick(v6), " is more than an IPv6 packet can carry (4294967335)",
+                                                          " is more than an IPv4 packet can carry (65535)"), "")),
+        (dir_ok, quoted("direction '", "direction", "' is not in/out/internal/transit")),
     ]
     # Ticks only need a good time; packets need everything.
-    reason = _first_reason(checks, is_tick, n)
-    if prior_reason is not None:
-        reason = pc.coalesce(prior_reason, reason)
+    reason = _first_reason(checks, is_tick, n, prior_reason)
+    rejected = _flat(pc.is_valid(reason))
+    any_rejected = pc.any(rejected).as_py()
 
-    kind = pc.if_else(pc.is_valid(reason), "reject", pc.if_else(is_tick, "tick", "packet"))
+    kind = pc.if_else(rejected, "reject", pc.if_else(is_tick, "tick", "packet"))
     packet = pc.equal(kind, "packet")
-    accepted = pc.not_equal(kind, "reject")
-    src = pa.array([source] * n, pa.string())
+    accepted = pc.invert(rejected)
+    src = pa.repeat(pa.scalar(source, pa.string()), n)
     if record_source is not None:
         src = pc.if_else(pc.greater(pc.utf8_length(record_source), 0), record_source, src)
-    micros = pc.if_else(accepted, ts_num, None)
+    micros = pc.if_else(accepted, ts_num, None) if any_rejected else ts_num
+    record = pa.nulls(n, pa.string())
+    if any_rejected:
+        rows = pc.indices_nonzero(rejected)
+        text = raw(rows) if callable(raw) else pc.take(raw, rows)
+        record = pc.replace_with_mask(record, rejected, _flat(pc.utf8_slice_codeunits(text, 0, 512)))
     table = pa.table(
         {
             "kind": kind,
@@ -362,25 +383,50 @@ def judge(fields: dict[str, pa.Array], raw: pa.Array, *, source: str, input_file
             "bytes": pc.if_else(packet, size, None),
             "direction": pc.if_else(pc.and_kleene(packet, pc.invert(blank["direction"])), direction, null_str),
             "reason": reason,
-            "record": pc.if_else(accepted, null_str, pc.utf8_slice_codeunits(raw, 0, 512)),
-            "input_file": pa.array([input_file] * n, pa.string()),
+            "record": record,
+            "input_file": pa.repeat(pa.scalar(input_file, pa.string()), n),
         }
     )
     return _conform(table)
 
 
-def _first_reason(checks, is_tick, n) -> pa.Array:
-    """The reason of the first failing check (in order), null when all pass; ticks need only the time."""
-    null_str = pa.scalar(None, pa.string())
-    reason = pa.nulls(n, pa.string())
-    for index, (ok, text) in reversed(list(enumerate(checks))):
+def _first_reason(checks, is_tick, n, prior_reason=None) -> pa.Array:
+    """The reason of the first failing check (in order), null when all pass; ticks need only the time.
+
+    Reasons are built only for the failing rows (taken out, judged, put back in place).
+    """
+    passes = []
+    for index, (ok, _) in enumerate(checks):
         ok = pc.fill_null(ok, False)
         if index > 0:
             ok = pc.or_kleene(ok, is_tick)
-        if isinstance(text, pa.Scalar):
-            text = pa.array([text.as_py()] * n, pa.string())
-        reason = pc.if_else(ok, reason, text)
-    return pc.if_else(pc.is_valid(reason), reason, null_str)
+        passes.append(ok)
+    failing = pc.invert(_all(passes))
+    if prior_reason is not None:
+        failing = pc.or_kleene(failing, pc.is_valid(prior_reason))
+    failing = _flat(failing)
+    if not pc.any(failing).as_py():
+        return pa.nulls(n, pa.string())
+    rows = pc.indices_nonzero(failing)
+    m = len(rows)
+
+    def pick(array):
+        return pc.take(array, rows)
+
+    reason = pa.nulls(m, pa.string())
+    for ok, text in reversed(list(zip(passes, (text for _, text in checks)))):
+        value = text(pick)
+        if isinstance(value, str):
+            value = pa.repeat(pa.scalar(value, pa.string()), m)
+        reason = pc.if_else(pick(ok), reason, value)
+    if prior_reason is not None:
+        reason = pc.coalesce(pick(prior_reason), reason)
+    return pc.replace_with_mask(pa.nulls(n, pa.string()), failing, _flat(reason))
+
+
+def _flat(array):
+    """One contiguous array (``replace_with_mask`` takes no chunked masks)."""
+    return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
 
 
 def _all(masks):
@@ -390,17 +436,24 @@ def _all(masks):
     return result
 
 
+def _digits(text: pa.Array, most: int) -> pa.Array:
+    """``^[0-9]{1,most}$`` without a regex: ASCII decimal digits only (never other scripts' digits)."""
+    return pc.and_kleene(pc.ascii_is_decimal(text), pc.less_equal(pc.binary_length(text), most))
+
+
 def _to_int(text: pa.Array, ok: pa.Array) -> pa.Array:
     """``int64`` of the digits where ``ok`` (others null), without failing on the rest."""
     safe = pc.if_else(ok, text, pa.scalar(None, pa.string()))
-    long_enough = pc.less_equal(pc.utf8_length(safe), 18)
+    long_enough = pc.less_equal(pc.binary_length(safe), 18)
     safe = pc.if_else(long_enough, safe, pa.scalar(None, pa.string()))
     return pc.cast(safe, pa.int64())
 
 
 def canonical_ips(text: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array]:
     """(canonical text, valid?, is IPv6?) — canonical IPv4 passes through; others go via ``ipaddress`` once each."""
-    fast = pc.fill_null(pc.match_substring_regex(text, _CANONICAL_V4), False)
+    # The regex runs once per distinct address (a feed has thousands, not millions).
+    encoded = pc.dictionary_encode(text)
+    fast = pc.fill_null(pc.take(pc.match_substring_regex(encoded.dictionary, _CANONICAL_V4), encoded.indices), False)
     if pc.all(fast).as_py():
         n = len(text)
         return text, pa.array([True] * n), pa.array([False] * n)
