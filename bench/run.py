@@ -46,9 +46,14 @@ def _ips(prefix: str, count: int) -> list[str]:
     return [f"{prefix}.{i // 250 + 1}.{i % 250 + 1}" for i in range(count)]
 
 
-def generate(path: Path, packets: int, hours: int, pairs: int, seed: int, chunk: int = 2_000_000) -> dict:
-    """Write the feed with numpy + Arrow's CSV writer; returns bytes/size/time facts."""
+def generate(path: Path, packets: int, hours: float, pairs: int, seed: int, chunk: int = 2_000_000,
+             start: dt.datetime | None = None) -> dict:
+    """Write the feed with numpy + Arrow's CSV writer; returns bytes/size/time facts.
+
+    Packets fall uniformly in ``[start, start + hours)`` (default: ``START``), then one tick at the end.
+    """
     clock = time.perf_counter()
+    start = start or START
     rng = np.random.default_rng(seed)
     locals_ = np.array(_ips("10.20", max(2, pairs // 8)))
     remotes = np.array(_ips("198.18", max(2, pairs // 2)))
@@ -58,8 +63,8 @@ def generate(path: Path, packets: int, hours: int, pairs: int, seed: int, chunk:
     pair_remote = pa.array(remotes[codes % len(remotes)])
     weights = 1.0 / np.arange(1, pairs + 1) ** 0.8
     weights /= weights.sum()
-    start_us = int(START.timestamp()) * 1_000_000
-    end_us = start_us + hours * 3_600_000_000
+    start_us = int(start.timestamp()) * 1_000_000
+    end_us = start_us + int(hours * 3_600_000_000)
     ts = np.sort(rng.integers(start_us, end_us, size=packets, dtype=np.int64))
     total_bytes = 0
     options = pacsv.WriteOptions(include_header=False, quoting_style="none", batch_size=256 * 1024)

@@ -126,10 +126,23 @@ def print_close(result) -> None:
         print(f"close: FAILED {failure}")
 
 
+def print_timings(args, label: str, result, spark=None) -> None:
+    """With ``--timings``: where a step's time went (stderr, one line), and how long Spark took to start."""
+    if not getattr(args, "timings", False) or result is None:
+        return
+    parts = [f"{'(of which checks' if name == 'quality' else name} {seconds:.2f} s{')' if name == 'quality' else ''}"
+             for name, seconds in (result.seconds or {}).items() if seconds >= 0.005]
+    if spark is not None and spark.started_in and label in ("ingest", "replay"):
+        parts.insert(0, f"spark start {spark.started_in:.2f} s")
+    print(f"timings: {label}: {', '.join(parts) or 'nothing timed'}", file=sys.stderr, flush=True)
+
+
 def cmd_ingest(args, settings, spark) -> int:
     from traffic.ingest import ingest
 
-    print_batch(ingest(settings, spark, _progress))
+    result = ingest(settings, spark, _progress)
+    print_batch(result)
+    print_timings(args, "ingest", result, spark)
     return 0
 
 
@@ -141,7 +154,7 @@ def _until(args):
     return _parse_now("--until", args.until)
 
 
-def _close_and_print(settings, spark, until, only=None) -> int:
+def _close_and_print(args, settings, spark, until, only=None) -> int:
     """Run a close and print what it did; a failed critical check is re-raised (exit 3) after printing."""
     from traffic.close import CheckFailed, close
 
@@ -152,19 +165,22 @@ def _close_and_print(settings, spark, until, only=None) -> int:
             print_close(error.result)
         raise
     print_close(result)
+    print_timings(args, "close", result, spark)
     return EXIT_CHECK if result.failed else 0
 
 
 def cmd_close(args, settings, spark) -> int:
     only = tuple(step.strip() for step in args.only.split(",")) if args.only else None
-    return _close_and_print(settings, spark, _until(args), only)
+    return _close_and_print(args, settings, spark, _until(args), only)
 
 
 def cmd_run(args, settings, spark) -> int:
     from traffic.ingest import ingest
 
-    print_batch(ingest(settings, spark, _progress))
-    return _close_and_print(settings, spark, _until(args))
+    result = ingest(settings, spark, _progress)
+    print_batch(result)
+    print_timings(args, "ingest", result, spark)
+    return _close_and_print(args, settings, spark, _until(args))
 
 
 def cmd_report(args, settings, spark) -> int:
@@ -261,6 +277,8 @@ def cmd_replay(args, settings, spark) -> int:
             print(f"        {batch.records_skipped:,} record(s) outside {start:%Y-%m-%d %H:%M} → {end:%Y-%m-%d %H:%M} "
                   "were not counted")
     print_close(closed)
+    print_timings(args, "replay", batch, spark)
+    print_timings(args, "close", closed)
     return EXIT_CHECK if closed.failed else 0
 
 
@@ -355,11 +373,13 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("ingest", parents=[common], help="ingest what is new in the inbox (one micro-batch)")
-    close = sub.add_parser("close", parents=[common], help="freeze closed hours, roll up days/months, expire")
+    timed = argparse.ArgumentParser(add_help=False)
+    timed.add_argument("--timings", action="store_true", help="print where the time went, per step (stderr)")
+    sub.add_parser("ingest", parents=[common, timed], help="ingest what is new in the inbox (one micro-batch)")
+    close = sub.add_parser("close", parents=[common, timed], help="freeze closed hours, roll up days/months, expire")
     close.add_argument("--until", help="stop at this hour (ISO time): freeze hours ending by then")
     close.add_argument("--only", help="comma-separated steps to run: freeze, days, months, expire (default all)")
-    run = sub.add_parser("run", parents=[common], help="ingest then close: one tick")
+    run = sub.add_parser("run", parents=[common, timed], help="ingest then close: one tick")
     run.add_argument("--until", help="as for close")
     status = sub.add_parser("status", parents=[common], help="watermark, clocks, open hours, last closed periods")
     status.add_argument("--json", action="store_true")
@@ -369,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--from", help="first period (ISO date or time)")
     show.add_argument("--to", help="end of the range, exclusive (ISO date or time)")
     show.add_argument("--top", type=int, default=20, help="rows to print (largest by bytes first)")
-    replay = sub.add_parser("replay", parents=[common],
+    replay = sub.add_parser("replay", parents=[common, timed],
                             help="import archived files for a time range (or restate a frozen range), then close")
     replay.add_argument("--from", required=True, help="start of the range (ISO time, inclusive)")
     replay.add_argument("--to", required=True, help="end of the range (ISO time, exclusive)")

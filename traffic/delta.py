@@ -423,8 +423,10 @@ class RsTable(Table):
         if self.cluster is None:
             df.write.parquet(str(dest))
         else:
+            # Each key's rows to one task: one file per key and task-local writers. A task writing many
+            # keys sorts its rows and opens a file per key; 240 hours of aggregates wrote 3.5x slower so.
             key = F.date_format(F.col(self.cluster.column), _SPARK_KEY_FORMATS[self.cluster.grain])
-            df.withColumn("k", key).write.partitionBy("k").parquet(str(dest))
+            df.withColumn("k", key).repartition("k").write.partitionBy("k").parquet(str(dest))
 
     def _add_actions(self, dest: Path) -> list[tuple[Any, str | None]]:
         from deltalake.transaction import AddAction

@@ -10,15 +10,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.harness import Harness, micros
+from traffic.peakmem import PeakMemory
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -26,45 +24,6 @@ REMOTES = 100_000
 PACKETS = 300_000
 LIMIT = 4 * 2**30
 REPO = Path(__file__).resolve().parents[2]
-
-
-class PeakMemory:
-    """Samples the resident memory of one process and all its children (JVM, Python workers)."""
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        self.peak = 0
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        try:
-            root = psutil.Process(self.pid)
-        except psutil.Error:
-            return
-        while not self._stop.is_set():
-            total = 0
-            try:
-                tree = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                break
-            for process in tree:
-                try:
-                    total += process.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-            self.samples += 1
-            time.sleep(0.1)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 @pytest.mark.slow

@@ -1,0 +1,589 @@
+"""Every figure of the performance issue in one command, side by side with its peer, as one table.
+
+    .venv/bin/python bench/suite.py [--out docs/benchmarks.md] [--only ingest,run,...] [--backfill-per-day N]
+
+Cases (each also reports the peak resident memory of the process tree it ran):
+
+* ``ingest``   10 M router-feed records → packets + open hours, in-session on a warm SparkSession
+               (target ≥ 1 M records/s);
+* ``run``      the same file through a whole ``traffic run`` process, beside DuckDB and Polars doing
+               the same work (read, raw rows as parquet by hour, hourly aggregate) in
+               ``.venv-bench`` (target: within 5× of DuckDB);
+* ``captures`` a 2 M-packet pcap → packets in-session (≥ 1 M packets/s) beside ``tshark -q -z
+               conv,ip`` (≥ 20×), per-pair totals compared with tshark's;
+* ``tick``     a 100 k-packet micro-batch as a process: with its own cold JVM, and as a client of
+               a warm ``traffic spark start`` server (≤ 15 s), with the split of the warm tick;
+* ``idle``     a tick with an empty inbox, and a close up to an hour already final (≤ 3 s, no JVM);
+* ``history``  5-minute micro-batches on day 1 and after up to 30 days of history (≤ 1.2×), with
+               the live files and log length of each table along the way;
+* ``backfill`` ``traffic replay`` of 30 days (1 M packets a day by default) into a new warehouse:
+               every hour frozen and checked, every day and the month rolled up (≤ 5 min).
+
+DuckDB and Polars live only in ``.venv-bench`` (``bench/setup_peers.sh``, run on demand), never
+in the project's own environment. Generation of inputs is never counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import run as feeds  # noqa: E402  (bench/run.py: the feed generator, checks and machine facts)
+
+from traffic.peakmem import PeakMemory  # noqa: E402
+
+UTC = dt.timezone.utc
+GiB = 2**30
+MEMORY_LIMIT = 4 * GiB
+TRAFFIC = REPO / ".venv" / "bin" / "traffic"
+PEERS_PYTHON = REPO / ".venv-bench" / "bin" / "python"
+NOTES_MARKER = feeds.NOTES_MARKER
+CASES = ("ingest", "run", "captures", "tick", "idle", "history", "backfill")
+
+
+def log(message: str) -> None:
+    print(f"[{dt.datetime.now(UTC):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+
+
+class Figure(dict):
+    """One row of the summary table: what, ours, the peer's, ratio, target and whether it holds."""
+
+
+def figure(name: str, ours: str, target: str, passed: bool | None, peer: str = "—", ratio: str = "—",
+           note: str = "") -> Figure:
+    return Figure(name=name, ours=ours, peer=peer, ratio=ratio, target=target, passed=passed, note=note)
+
+
+def clean_env() -> dict:
+    env = {k: v for k, v in feeds.ENV0.items() if not k.startswith("TRAFFIC_")}
+    env.update({"GX_ANALYTICS_ENABLED": "false", "TZ": "UTC"})
+    return env
+
+
+def timed_process(command: list[str], timeout: float = 3600) -> dict:
+    """Run a command as a separate process; wall clock, exit code, output tail and its tree's peak memory."""
+    clock = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                               cwd=REPO)
+    with PeakMemory(process.pid) as memory:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+    return {"seconds": time.perf_counter() - clock, "rc": process.returncode, "stdout": out, "stderr": err,
+            "peak": memory.peak, "command": " ".join(Path(command[0]).name if i == 0 else c
+                                                     for i, c in enumerate(command))}
+
+
+def where(warehouse: Path, inbox: Path, now: dt.datetime | None = None) -> list[str]:
+    args = ["--warehouse", str(warehouse), "--inbox", str(inbox)]
+    return args + (["--set", f"now={now.isoformat()}"] if now else [])
+
+
+def settings_for(warehouse: Path, inbox: Path, now: dt.datetime, **more):
+    from traffic.settings import load_settings
+
+    return load_settings(environ={}, overrides={"warehouse": str(warehouse), "inbox": str(inbox),
+                                                "now": now.isoformat(), **more})
+
+
+def gib(value: int) -> str:
+    return f"{value / GiB:.2f} GiB"
+
+
+class Bench:
+    """Holds the warm in-session SparkSession and the work directory shared by the cases."""
+
+    def __init__(self, args, work: Path):
+        self.args = args
+        self.work = work
+        self.spark = None
+        self.session_start = None
+        self.figures: list[Figure] = []
+        self.sections: list[list[str]] = []
+        self.results: dict[str, dict] = {}
+
+    # -- shared session -------------------------------------------------------------------------
+    def session(self):
+        """One SparkSession for the in-session cases, warmed by a small batch so JIT and workers are hot."""
+        if self.spark is None:
+            from traffic.close import close
+            from traffic.ingest import ingest
+            from traffic.spark import build_spark
+
+            folder = self.work / "warm-up"
+            (folder / "inbox" / "bench").mkdir(parents=True)
+            gen = feeds.generate(folder / "inbox" / "bench" / "feed.csv", 100_000, 2, 4000, 99)
+            settings = settings_for(folder / "warehouse", folder / "inbox",
+                                    dt.datetime.fromisoformat(gen["end"]) + dt.timedelta(hours=1))
+            clock = time.perf_counter()
+            self.spark = build_spark(settings, "traffic-bench")
+            self.session_start = time.perf_counter() - clock
+            clock = time.perf_counter()
+            ingest(settings, lambda: self.spark, lambda _m: None)
+            close(settings, lambda: self.spark, None, lambda _m: None)
+            self.warm_up = time.perf_counter() - clock
+            log(f"session started in {self.session_start:.1f} s, warmed by a 100,000-packet tick in "
+                f"{self.warm_up:.1f} s")
+        return self.spark
+
+    def feed_10m(self) -> tuple[Path, dict]:
+        """The 10 M-record feed shared by ``ingest`` and ``run`` (generated once)."""
+        path = self.work / "feed10m" / "feed.csv"
+        if not path.exists():
+            path.parent.mkdir(parents=True)
+            log(f"generating {self.args.packets:,} router-feed records …")
+            self.gen10m = feeds.generate(path, self.args.packets, 24, 4000, 1)
+        return path, self.gen10m
+
+    def add(self, section: list[str], *figures: Figure) -> None:
+        self.figures += figures
+        self.sections.append(section)
+
+    # -- cases ----------------------------------------------------------------------------------
+    def case_ingest(self) -> None:
+        from traffic.ingest import ingest
+
+        path, gen = self.feed_10m()
+        spark = self.session()
+        folder = self.work / "ingest"
+        (folder / "inbox" / "bench").mkdir(parents=True)
+        os.link(path, folder / "inbox" / "bench" / "feed.csv")
+        settings = settings_for(folder / "warehouse", folder / "inbox", dt.datetime.fromisoformat(gen["end"]))
+        log("ingest: in-session …")
+        with PeakMemory(os.getpid()) as memory:
+            clock = time.perf_counter()
+            batch = ingest(settings, lambda: spark, lambda _m: None)
+            wall = time.perf_counter() - clock
+        totals = feeds.warehouse_totals(folder / "warehouse")
+        ok = totals["hourly_bytes"] == gen["bytes"] and totals["hourly_packets"] == self.args.packets
+        rate = batch.records_read / wall
+        split = ", ".join(f"{k} {v:.1f} s" for k, v in batch.seconds.items())
+        self.results["ingest"] = {"wall": wall, "rate": rate, "seconds": batch.seconds, "peak": memory.peak, "ok": ok}
+        self.add([
+            f"### Ingest: {batch.records_read:,} router-feed records in-session",
+            "",
+            f"{gen['file_bytes'] / 1e6:,.0f} MB feed, warm session (started in {self.session_start:.1f} s and warmed "
+            f"by one 100,000-packet tick first). Ingest wall {wall:.1f} s = {rate:,.0f} records/s; split: {split}. "
+            f"Open hourly rows hold Σ bytes {totals['hourly_bytes']:,} (generated {gen['bytes']:,}): "
+            f"{'equal' if ok else '**MISMATCH**'}. Peak memory of this process tree (driver, JVM, workers): "
+            f"{gib(memory.peak)}.",
+            "",
+        ], figure("ingest 10 M records, in-session", f"{wall:.1f} s ({rate / 1e6:.2f} M rec/s)", "≥ 1 M rec/s",
+                  rate >= 1_000_000 and ok, note="" if ok else "totals mismatch"))
+
+    def peers(self, path: Path) -> dict:
+        if not PEERS_PYTHON.exists():
+            log("peers: setting up .venv-bench (DuckDB, Polars) …")
+            subprocess.run(["bash", str(REPO / "bench" / "setup_peers.sh")], check=True, cwd=REPO)
+        results = {}
+        for engine in ("duckdb", "polars"):
+            out = self.work / f"peer-{engine}"
+            report = self.work / f"peer-{engine}.json"
+            log(f"peer: {engine} …")
+            done = timed_process([str(PEERS_PYTHON), str(REPO / "bench" / "peers.py"), "--input", str(path),
+                                  "--out-dir", str(out), "--engine", engine, "--threads", "2", "--json", str(report)])
+            if done["rc"] != 0:
+                raise RuntimeError(f"{engine} failed: {done['stderr'][-500:]}")
+            results[engine] = {**json.loads(report.read_text()), "process_wall": done["seconds"],
+                               "peak": done["peak"]}
+            shutil.rmtree(out, ignore_errors=True)
+        return results
+
+    def case_run(self) -> None:
+        path, gen = self.feed_10m()
+        folder = self.work / "run"
+        (folder / "inbox" / "bench").mkdir(parents=True)
+        os.link(path, folder / "inbox" / "bench" / "feed.csv")
+        now = dt.datetime.fromisoformat(gen["end"]) + dt.timedelta(hours=1)
+        log("run: traffic run as a process …")
+        done = timed_process([str(TRAFFIC), "run", *where(folder / "warehouse", folder / "inbox", now)])
+        totals = feeds.warehouse_totals(folder / "warehouse") if done["rc"] == 0 else {}
+        ok = done["rc"] == 0 and totals["hourly_bytes"] == gen["bytes"]
+        peers = self.peers(path)
+        duck, polars = peers["duckdb"], peers["polars"]
+        ratio = done["seconds"] / duck["process_wall"]
+        self.results["run"] = {"ours": done["seconds"], "rc": done["rc"], "peak": done["peak"], "ok": ok,
+                               "peers": peers}
+        peer_rows = [f"| {name} {p.get('version', '')} | {p['seconds']:.1f} s | {p['process_wall']:.1f} s | "
+                     f"{gib(p['peak'])} | {p.get('packets', '?'):,} packets, Σ bytes {p.get('bytes', 0):,} |"
+                     for name, p in peers.items()]
+        self.add([
+            f"### `traffic run` on the {self.args.packets:,}-record feed, beside DuckDB and Polars",
+            "",
+            "Ours: ingest + close (24 hours frozen and checked, the day rolled up, reports) as a fresh process with "
+            "its own JVM. Peers: read the file, write the raw rows as parquet partitioned by hour, write the "
+            "(hour, local, remote) aggregate — the same data work without the freezing, checks and reports, with "
+            "2 threads each (`bench/peers.py`).",
+            "",
+            "| engine | in-process | whole process | peak memory | result |",
+            "|---|---|---|---|---|",
+            f"| `traffic run` | — | {done['seconds']:.1f} s | {gib(done['peak'])} | exit {done['rc']}, Σ bytes "
+            f"{totals.get('hourly_bytes', 0):,} ({'equal' if ok else '**MISMATCH**'}) |",
+            *peer_rows,
+            "",
+        ], figure("`traffic run` 10 M, whole process", f"{done['seconds']:.1f} s",
+                  f"≤ 5× DuckDB", ok and ratio <= 5, peer=f"DuckDB {duck['process_wall']:.1f} s, "
+                  f"Polars {polars['process_wall']:.1f} s", ratio=f"{ratio:.1f}× DuckDB"))
+
+    def case_captures(self) -> None:
+        import captures
+        from traffic.delta import Warehouse
+        from traffic.ingest import ingest
+
+        spark = self.session()
+        folder = self.work / "captures"
+        pcap = folder / "inbox" / "tap" / "bench.pcap"
+        pcap.parent.mkdir(parents=True)
+        captures.generate_pcap(pcap, self.args.capture_packets)
+        settings = settings_for(folder / "warehouse", folder / "inbox", dt.datetime(2026, 11, 2, tzinfo=UTC),
+                                local_networks=captures.LOCAL_NET)
+        log("captures: in-session ingest …")
+        with PeakMemory(os.getpid()) as memory:
+            clock = time.perf_counter()
+            batch = ingest(settings, lambda: spark, lambda _m: None)
+            wall = time.perf_counter() - clock
+        rate = batch.packets_on_time / wall
+        log("captures: tshark …")
+        conv_seconds, conv_frames = captures.tshark_conv(pcap)
+        _fields_seconds, theirs = captures.tshark_fields(pcap)
+        packets = Warehouse(settings, engine="rs").table("packets").read_arrow(
+            columns=["local_ip", "remote_ip", "bytes"])
+        ours: dict = {}
+        for local, remote, size in zip(*(packets.column(c).to_pylist() for c in ("local_ip", "remote_ip", "bytes"))):
+            entry = ours.setdefault((local, remote), [0, 0])
+            entry[0] += 1
+            entry[1] += size
+        same = ours == theirs and {k: v[0] for k, v in ours.items()} == conv_frames
+        ratio = conv_seconds / wall
+        self.results["captures"] = {"wall": wall, "rate": rate, "tshark": conv_seconds, "same": same,
+                                    "seconds": batch.seconds, "peak": memory.peak}
+        self.add([
+            f"### Captures: a {self.args.capture_packets:,}-packet pcap in-session, beside tshark",
+            "",
+            f"Ingest {wall:.1f} s ({rate:,.0f} packets/s; split "
+            f"{', '.join(f'{k} {v:.1f} s' for k, v in batch.seconds.items())}); `tshark -q -z conv,ip` "
+            f"{conv_seconds:.1f} s. Per-pair packets and bytes equal tshark's per-packet fields and its conversation "
+            f"frames: **{same}** ({len(ours):,} pairs). Peak memory {gib(memory.peak)}.",
+            "",
+        ], figure("captures 2 M packets, in-session", f"{wall:.1f} s ({rate / 1e6:.2f} M pkt/s)", "≥ 1 M pkt/s",
+                  rate >= 1_000_000 and same),
+            figure("captures vs tshark conv,ip", f"{wall:.1f} s", "≥ 20× faster", ratio >= 20 and same,
+                   peer=f"tshark {conv_seconds:.1f} s", ratio=f"{ratio:.1f}×",
+                   note="" if same else "per-pair totals differ"))
+
+    def case_tick(self) -> None:
+        n = self.args.tick_packets
+        rows, results = [], {}
+        day = dt.datetime(2026, 5, 4, tzinfo=UTC)
+        for mode in ("cold", "warm"):
+            folder = self.work / f"tick-{mode}"
+            inbox, warehouse = folder / "inbox", folder / "warehouse"
+            (inbox / "r1").mkdir(parents=True)
+            warm = mode == "warm"
+            if warm:
+                started = timed_process([str(TRAFFIC), "spark", "start", *where(warehouse, inbox)])
+                if started["rc"] != 0:
+                    raise RuntimeError(f"traffic spark start failed: {started['stderr'][-400:]}")
+                results["server_start"] = started["seconds"]
+            try:
+                walls = []
+                for hour in range(3):  # the first tick creates the tables; the next two are measured
+                    start = day + dt.timedelta(hours=hour)
+                    feeds.generate(inbox / "r1" / f"h{hour}.csv", n, 1, 4000, hour, start=start)
+                    done = timed_process([str(TRAFFIC), "run", "--timings",
+                                          *where(warehouse, inbox, start + dt.timedelta(hours=2))])
+                    if done["rc"] != 0:
+                        raise RuntimeError(f"tick failed: {done['stderr'][-400:]}")
+                    walls.append(done)
+                results[mode] = walls
+                rows.append(f"| {mode} | {walls[0]['seconds']:.1f} s | {walls[1]['seconds']:.1f} s, "
+                            f"{walls[2]['seconds']:.1f} s | {gib(max(w['peak'] for w in walls))} |")
+            finally:
+                if warm:
+                    timed_process([str(TRAFFIC), "spark", "stop", *where(warehouse, inbox)])
+        cold = statistics.median(w["seconds"] for w in results["cold"][1:])
+        warm = statistics.median(w["seconds"] for w in results["warm"][1:])
+        self.results["tick"] = {"cold": cold, "warm": warm, "server_start": results["server_start"],
+                                "peak": max(w["peak"] for m in ("cold", "warm") for w in results[m])}
+
+        def split(run: dict) -> list[str]:
+            return [f"  {line}" for line in run["stderr"].splitlines() if line.startswith("timings:")]
+
+        self.add([
+            f"### A {n:,}-packet micro-batch tick (`traffic run` as a process)",
+            "",
+            f"Three hourly ticks of {n:,} packets on a new warehouse: the first creates the tables, the next two "
+            "are measured (median). *cold*: each process starts its own JVM (`spark_master` local[2]); *warm*: "
+            f"`traffic spark start` first ({results['server_start']:.1f} s, once), then every process is a Spark "
+            "Connect client (default `spark_master` auto).",
+            "",
+            "| mode | first tick | measured ticks | peak memory (process tree) |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+            "Split of the last tick of each mode (`traffic run --timings`; `read_parse` is read + parse + classify, "
+            "`write_raw`/`write_hours` are transform + write + delta-rs commit, `freeze` recomputes, writes and "
+            "checks the hour, and the checks' share of it is shown apart):",
+            "",
+            "```",
+            "cold:", *split(results["cold"][-1]),
+            "warm:", *split(results["warm"][-1]),
+            "```",
+            "",
+        ], figure(f"{n // 1000} k-packet tick, warm server", f"{warm:.1f} s", "≤ 15 s", warm <= 15,
+                  peer=f"cold JVM {cold:.1f} s", ratio=f"{cold / warm:.1f}× faster than cold"))
+
+    def case_idle(self) -> None:
+        folder = self.work / "tick-warm"
+        if not (folder / "warehouse").exists():
+            raise RuntimeError("needs the tick case's warehouse (run with tick)")
+        empty = folder / "empty-inbox"
+        empty.mkdir(exist_ok=True)
+        now = dt.datetime(2026, 5, 4, 6, tzinfo=UTC)
+        runs = {
+            "tick, empty inbox": [str(TRAFFIC), "run", *where(folder / "warehouse", empty, now)],
+            "close up to a final hour": [str(TRAFFIC), "close", "--until", "2026-05-04T01:00:00+00:00",
+                                         *where(folder / "warehouse", empty, now)],
+        }
+        rows, figures = [], []
+        for name, command in runs.items():
+            walls = [timed_process(command) for _ in range(3)]
+            median = statistics.median(w["seconds"] for w in walls)
+            no_jvm = all("starting Spark" not in w["stderr"] and "connecting" not in w["stderr"] for w in walls)
+            ok = all(w["rc"] == 0 for w in walls)
+            rows.append(f"| {name} | {median:.2f} s | {'no' if no_jvm else '**yes**'} | "
+                        f"{walls[0]['stdout'].strip().splitlines()[-1] if walls[0]['stdout'].strip() else ''} |")
+            figures.append(figure(f"nothing to do: {name}", f"{median:.2f} s", "≤ 3 s, no JVM",
+                                  median <= 3 and no_jvm and ok))
+        self.results["idle"] = rows
+        self.add(["### Nothing to do", "", "Median of three runs as separate processes.", "",
+                  "| run | wall | Spark started | said |", "|---|---|---|---|", *rows, ""], *figures)
+
+    def case_history(self) -> None:
+        from traffic.close import close
+        from traffic.delta import Warehouse
+        from traffic.ingest import ingest
+        from traffic.schemas import TABLES
+
+        spark = self.session()
+        days, per_day, tick_n = self.args.history_days, self.args.history_per_day, self.args.tick_n
+        folder = self.work / "history"
+        inbox, warehouse = folder / "inbox", folder / "warehouse"
+        (inbox / "r1").mkdir(parents=True)
+        first = dt.datetime(2026, 3, 1, tzinfo=UTC)
+        probes = sorted({1, *range(8, days, 7), days})
+        curve, fed, seq = [], first, 0
+
+        def feed(until: dt.datetime, packets: int, now: dt.datetime) -> float:
+            nonlocal fed, seq
+            seq += 1
+            hours = (until - fed).total_seconds() / 3600
+            feeds.generate(inbox / "r1" / f"{seq:05d}.csv", packets, hours, 4000, seq, start=fed)
+            fed = until
+            settings = settings_for(warehouse, inbox, now)
+            clock = time.perf_counter()
+            ingest(settings, lambda: spark, lambda _m: None)
+            close(settings, lambda: spark, None, lambda _m: None)
+            return time.perf_counter() - clock
+
+        log(f"history: {days} days ({per_day:,} packets a day, probes on days {probes}) …")
+        for day in range(1, days + 1):
+            start = first + dt.timedelta(days=day - 1)
+            if day in probes:
+                window = start + dt.timedelta(hours=12, minutes=35)
+                feed(window, per_day // 2, window + dt.timedelta(minutes=1))
+                ticks = []
+                for i in range(6):  # 12:35 → 13:05 in 5-minute micro-batches (one freezes 12:00)
+                    end = window + dt.timedelta(minutes=5 * (i + 1))
+                    ticks.append(feed(end, tick_n, end + dt.timedelta(minutes=1)))
+                wh = Warehouse(settings_for(warehouse, inbox, fed), engine="rs")
+                files = {t: len(wh.table(t).files()) for t in TABLES if wh.table(t).exists()}
+                versions = {t: wh.table(t).version() for t in ("packets", "hourly", "periods")}
+                curve.append({"day": day, "mean": statistics.mean(ticks), "max": max(ticks), "ticks": ticks,
+                              "files": files, "versions": versions})
+                log(f"history: day {day}: mean tick {curve[-1]['mean']:.2f} s, files {sum(files.values())}")
+            feed(start + dt.timedelta(days=1), per_day // 2, start + dt.timedelta(days=1, minutes=1))
+        base, last = curve[0]["mean"], curve[-1]["mean"]
+        ratio = last / base
+        self.results["history"] = curve
+        rows = [f"| {c['day']} | {c['mean']:.2f} s | {c['max']:.2f} s | {sum(c['files'].values())} "
+                f"(packets {c['files'].get('packets', 0)}, hourly {c['files'].get('hourly', 0)}, panes "
+                f"{c['files'].get('panes', 0)}) | {c['versions']} |" for c in curve]
+        self.add([
+            f"### Flat with history: 5-minute micro-batches over {days} days",
+            "",
+            f"A new warehouse gets {per_day:,} packets a day in two batches (00:00 → 12:35 and 13:05 → 24:00, each "
+            f"closed), and on the probe days six 5-minute micro-batches of {tick_n:,} packets from 12:35 to 13:05 "
+            "(ingest + close each; one of them freezes 12:00). In-session, warm. History between probes is fed in "
+            "those two daily batches, not in 288 micro-batches a day, so the logs are shorter than a real month's "
+            "(the month of 8,640 commits is `tests/reliability/test_month_of_commits.py`).",
+            "",
+            "| day | mean tick | slowest tick | live files (all tables) | table versions |",
+            "|---|---|---|---|---|",
+            *rows,
+            "",
+        ], figure(f"tick after {days} days of history", f"{last:.2f} s (day 1: {base:.2f} s)", "≤ 1.2× day 1",
+                  ratio <= 1.2, ratio=f"{ratio:.2f}×"))
+
+    def case_backfill(self) -> None:
+        per_day, days = self.args.backfill_per_day, 30
+        folder = self.work / "backfill"
+        archive = folder / "archive" / "r1"
+        archive.mkdir(parents=True)
+        first = dt.datetime(2026, 4, 1, tzinfo=UTC)  # April: 30 days, so the month closes too
+        total_bytes = 0
+        log(f"backfill: generating {days} × {per_day:,} packets …")
+        for day in range(days):
+            gen = feeds.generate(archive / f"2026-04-{day + 1:02d}.csv", per_day, 24, 4000, 1000 + day,
+                                 start=first + dt.timedelta(days=day))
+            total_bytes += gen["bytes"]
+        (folder / "inbox").mkdir()
+        log("backfill: traffic replay …")
+        # --to one hour past April: the archive's last clock tick (May 1 00:00) is in range, so April closes.
+        done = timed_process([str(TRAFFIC), "replay", "--timings", "--from", "2026-04-01T00:00:00+00:00", "--to",
+                              "2026-05-01T01:00:00+00:00", "--input", str(folder / "archive"),
+                              *where(folder / "warehouse", folder / "inbox", dt.datetime(2026, 5, 1, 1, tzinfo=UTC))],
+                             timeout=7200)
+        ledger = {}
+        if done["rc"] == 0:
+            from deltalake import DeltaTable
+
+            periods = DeltaTable(str(folder / "warehouse" / "periods")).to_pyarrow_table(
+                columns=["grain", "dq_status", "bytes"]).to_pylist()
+            for row in periods:
+                ledger.setdefault(row["grain"], []).append(row)
+        hours, days_, months = (ledger.get(g, []) for g in ("hour", "day", "month"))
+        month_bytes = months[0]["bytes"] if months else None
+        ok = (done["rc"] == 0 and len(hours) == 720 and len(days_) == 30 and len(months) == 1
+              and month_bytes == total_bytes and all(r["dq_status"] == "passed" for r in hours + days_ + months))
+        self.results["backfill"] = {"seconds": done["seconds"], "rc": done["rc"], "peak": done["peak"], "ok": ok,
+                                    "hours": len(hours), "days": len(days_), "months": len(months)}
+        tail = [line for line in (done["stdout"] + done["stderr"]).strip().splitlines()
+                if line.startswith(("timings:", "close:", "replay:", "ingest:", "  ")) and "WARN" not in line][-12:]
+        self.add([
+            f"### Backfill: 30 days × {per_day:,} packets through `traffic replay`",
+            "",
+            f"{days * per_day:,} packets in 30 daily files, replayed into a new warehouse in one process: "
+            f"{done['seconds']:.1f} s, exit {done['rc']}, peak memory {gib(done['peak'])}. Ledger: {len(hours)} hours, "
+            f"{len(days_)} days, {len(months)} month(s), all passed: {ok}; the month holds Σ bytes "
+            f"{month_bytes if month_bytes is None else f'{month_bytes:,}'} (generated {total_bytes:,}).",
+            "",
+            "```", *tail, "```", "",
+        ], figure(f"backfill 30 days × {per_day / 1e6:g} M packets", f"{done['seconds']:.0f} s", "≤ 300 s",
+                  ok and done["seconds"] <= 300, note="" if ok else "ledger incomplete or failed"))
+
+    def memory_figure(self) -> None:
+        peaks = {name: r["peak"] for name, r in self.results.items() if isinstance(r, dict) and "peak" in r}
+        if not peaks:
+            return
+        worst = max(peaks, key=peaks.get)
+        self.figures.append(figure("peak memory, whole process tree", f"{gib(peaks[worst])} ({worst})",
+                                   "< 4 GiB", peaks[worst] < MEMORY_LIMIT))
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def table(figures: list[Figure]) -> list[str]:
+    def verdict(f):
+        return "n/a" if f["passed"] is None else ("**pass**" if f["passed"] else "**miss**")
+
+    lines = ["| figure | ours | peer | ratio | target | result |", "|---|---|---|---|---|---|"]
+    lines += [f"| {f['name']} | {f['ours']} | {f['peer']} | {f['ratio']} | {f['target']} | {verdict(f)}"
+              f"{' — ' + f['note'] if f['note'] else ''} |" for f in figures]
+    return lines
+
+
+def write_doc(path: Path, info: dict, bench: Bench, command: str, failures: list[str], seconds: float) -> None:
+    kept = ""
+    if path.exists() and NOTES_MARKER in path.read_text():
+        kept = path.read_text().split(NOTES_MARKER, 1)[1].lstrip("\n")
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `{command}` on {info['date']} ({seconds / 60:.0f} min); code measured: commit {info['commit']}.",
+        "",
+        f"Machine: {info['nproc']} CPUs ({info['cpu']}), {info['ram']} RAM, Linux {info['kernel']}; Python "
+        f"{info['python']}, {info['java']}, pyspark {info['pyspark']}, deltalake {info['deltalake']}, pyarrow "
+        f"{info['pyarrow']}. Default settings (`local[2]`, 4 shuffle partitions, driver memory 2g, engine `rs`). "
+        f"Load average at the start {info['load_before']}, at the end {feeds.uptime()}.",
+        "",
+        *table(bench.figures),
+        "",
+        *[f"**Failed case** {failure}" for failure in failures],
+        "",
+        "## Cases",
+        "",
+    ]
+    for section in bench.sections:
+        lines += section
+    lines += ["<!-- bench-suite " + json.dumps(bench.results, default=str) + " -->", "", NOTES_MARKER, ""]
+    path.write_text("\n".join(lines) + kept)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", help="write the report here (docs/benchmarks.md)")
+    parser.add_argument("--only", help=f"comma-separated cases (default all: {','.join(CASES)})")
+    parser.add_argument("--packets", type=int, default=10_000_000, help="records of the ingest/run feed")
+    parser.add_argument("--capture-packets", type=int, default=2_000_000)
+    parser.add_argument("--tick-packets", type=int, default=100_000)
+    parser.add_argument("--history-days", type=int, default=30)
+    parser.add_argument("--history-per-day", type=int, default=200_000)
+    parser.add_argument("--tick-n", type=int, default=5_000, help="packets per 5-minute micro-batch (history)")
+    parser.add_argument("--backfill-per-day", type=int, default=1_000_000)
+    parser.add_argument("--workdir", help="where inputs and warehouses go (default: a fresh temp dir)")
+    args = parser.parse_args()
+    cases = [c.strip() for c in args.only.split(",")] if args.only else list(CASES)
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown case(s) {sorted(unknown)}; choose from {', '.join(CASES)}")
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    info = feeds.machine()
+    info["load_before"] = feeds.uptime()
+    work = Path(tempfile.mkdtemp(prefix="traffic-suite-", dir=args.workdir))
+    bench = Bench(args, work)
+    failures: list[str] = []
+    clock = time.perf_counter()
+    try:
+        for case in cases:
+            log(f"== {case}")
+            try:
+                getattr(bench, f"case_{case}")()
+            except Exception as error:  # noqa: BLE001 - a failed case is reported, never hidden
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0][:400]
+                failures.append(f"{case}: {type(error).__name__}: {first}")
+                log(f"FAILED {failures[-1]}")
+    finally:
+        if bench.spark is not None:
+            bench.spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    bench.memory_figure()
+    print("\n".join(table(bench.figures)))
+    for failure in failures:
+        print(f"FAILED {failure}")
+    if args.out:
+        command = ".venv/bin/python bench/suite.py " + " ".join(sys.argv[1:])
+        write_doc(REPO / args.out if not Path(args.out).is_absolute() else Path(args.out), info, bench, command,
+                  failures, time.perf_counter() - clock)
+        print(f"bench: wrote {args.out}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
