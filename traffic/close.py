@@ -378,10 +378,7 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     final = T.hourly_totals(packets, "final").persist()
     open_rows = warehouse.table("hourly").read(keys=keys)
     # Built-in check: the open rows the micro-batches maintained equal the totals recomputed from raw detail.
-    cols = ["hour", "local_ip", "remote_ip", *T.AMOUNTS]
-    differing = {_utc_hour(r["hour"]): r["count"] for r in
-                 final.select(*cols).exceptAll(open_rows.select(*cols)).union(
-                     open_rows.select(*cols).exceptAll(final.select(*cols))).groupBy("hour").count().collect()}
+    differing = _rows_differing(final, open_rows)
     raw = {_utc_hour(k): v for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
     warehouse.table("hourly").replace(final, keys=keys, op="freeze")
     stored = _arrow_sums(warehouse.table("hourly").read_arrow(keys=keys, columns=["hour", "bytes", "packets"]), "hour")
@@ -430,6 +427,33 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     check.record()
     st.write_ledger_rows(warehouse, _store(rows), op="freeze")
     return failed
+
+
+def _rows_differing(final, open_rows) -> dict[datetime, int]:
+    """Per hour, rows of either side without an equal row on the other (a multiset difference both ways).
+
+    Both sides hold one row per (hour, local_ip, remote_ip), so one full outer join on that key
+    finds them: a key on one side only is one differing row, a key on both with other amounts two.
+    """
+    from pyspark.sql import functions as F
+
+    from traffic import transforms as T
+
+    key = ["hour", "local_ip", "remote_ip"]
+
+    def side(frame, tag: str):
+        return frame.select(*[F.col(c).alias(f"{tag}_{c}") for c in (*key, *T.AMOUNTS)], F.lit(1).alias(f"{tag}_row"))
+
+    joined = side(final, "a").join(side(open_rows, "b"), how="full_outer",
+                                   on=[F.col(f"a_{c}").eqNullSafe(F.col(f"b_{c}")) for c in key]) \
+        .withColumn("hour", F.coalesce("a_hour", "b_hour"))
+    same = F.lit(True)
+    for c in T.AMOUNTS:
+        same = same & F.col(f"a_{c}").eqNullSafe(F.col(f"b_{c}"))
+    both = F.col("a_row").isNotNull() & F.col("b_row").isNotNull()
+    rows = F.when(both & same, 0).when(both, 2).otherwise(1)
+    return {_utc_hour(r["hour"]): r["n"] for r in
+            joined.groupBy("hour").agg(F.sum(rows).alias("n")).where(F.col("n") > 0).collect()}
 
 
 def _completeness(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime, tuple[int, int, int]]:

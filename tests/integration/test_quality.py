@@ -237,3 +237,26 @@ def test_large_batches_are_validated_by_gx_spark_engine_with_the_same_verdict(st
     assert not packets["expect_column_values_to_be_between(IPv4 bytes ≤ 65,535 (IPv4 total length))"]["critical"]
     # Critical here: the micro-batches' open rows never saw the packet, so the hour fails.
     assert _ledger(harness)[("hour", H22)]["dq_status"] == "failed"
+
+
+def test_rows_differing_counts_the_multiset_difference_both_ways(spark):
+    """The freeze's built-in check: per hour, rows of either side without an equal row on the other."""
+    from traffic.close import _rows_differing
+
+    schema = "hour timestamp, local_ip string, remote_ip string, bytes long, packets long, bytes_in long, bytes_out long"
+    h1, h2, h3 = (datetime(2026, 10, 31, h, tzinfo=UTC) for h in (20, 21, 22))
+    same = (h1, "10.0.0.1", "192.0.2.1", 100, 1, 100, 0)
+    final = spark.createDataFrame([same, (h2, "10.0.0.1", "192.0.2.1", 70, 1, 0, 70),
+                                   (h2, "10.0.0.2", "192.0.2.1", 5, 1, 0, 0), (h3, "10.0.0.3", None, 9, 1, 0, 0)],
+                                  schema)
+    open_rows = spark.createDataFrame([same, (h2, "10.0.0.1", "192.0.2.1", 60, 1, 0, 60),  # other amounts: 2
+                                       (h3, "10.0.0.3", None, 9, 1, 0, 0),  # a null key matches itself
+                                       (h3, "10.0.0.4", "192.0.2.4", 1, 1, 1, 0)], schema)  # open side only: 1
+    # h2: one pair differs (2) and one is on the final side only (1); h1 equal; h3 one extra open row.
+    assert _rows_differing(final, open_rows) == {h2: 3, h3: 1}
+    expected = {}
+    cols = ["hour", "local_ip", "remote_ip", "bytes", "packets", "bytes_in", "bytes_out"]
+    for row in final.select(*cols).exceptAll(open_rows.select(*cols)).union(
+            open_rows.select(*cols).exceptAll(final.select(*cols))).collect():
+        expected[row["hour"].replace(tzinfo=UTC)] = expected.get(row["hour"].replace(tzinfo=UTC), 0) + 1
+    assert expected == {h2: 3, h3: 1}
