@@ -389,6 +389,8 @@ class Bench:
         probes = sorted({1, *range(8, days, 7), days})
         curve, fed, seq = [], first, 0
 
+        phases: dict[int, list[dict]] = {}
+
         def feed(until: dt.datetime, packets: int, now: dt.datetime) -> float:
             nonlocal fed, seq
             seq += 1
@@ -397,9 +399,16 @@ class Bench:
             fed = until
             settings = settings_for(warehouse, inbox, now)
             clock = time.perf_counter()
-            ingest(settings, lambda: spark, lambda _m: None)
-            close(settings, lambda: spark, None, lambda _m: None)
-            return time.perf_counter() - clock
+            batch = ingest(settings, lambda: spark, lambda _m: None)
+            closed = close(settings, lambda: spark, None, lambda _m: None)
+            wall = time.perf_counter() - clock
+            split = {**batch.seconds, **{f"close.{k}": v for k, v in closed.seconds.items()}}
+            phases.setdefault(seq, []).append({"wall": wall, **split})
+            last_split.clear()
+            last_split.update(split, wall=wall)
+            return wall
+
+        last_split: dict = {}
 
         log(f"history: {days} days ({per_day:,} packets a day, probes on days {probes}) …")
         for day in range(1, days + 1):
@@ -407,15 +416,17 @@ class Bench:
             if day in probes:
                 window = start + dt.timedelta(hours=12, minutes=35)
                 feed(window, per_day // 2, window + dt.timedelta(minutes=1))
-                ticks = []
+                ticks, splits = [], []
                 for i in range(6):  # 12:35 → 13:05 in 5-minute micro-batches (one freezes 12:00)
                     end = window + dt.timedelta(minutes=5 * (i + 1))
                     ticks.append(feed(end, tick_n, end + dt.timedelta(minutes=1)))
+                    splits.append(dict(last_split))
                 wh = Warehouse(settings_for(warehouse, inbox, fed), engine="rs")
                 files = {t: len(wh.table(t).files()) for t in TABLES if wh.table(t).exists()}
                 versions = {t: wh.table(t).version() for t in ("packets", "hourly", "periods")}
+                mean_split = {k: statistics.mean(sp.get(k, 0.0) for sp in splits) for k in splits[0]}
                 curve.append({"day": day, "mean": statistics.mean(ticks), "max": max(ticks), "ticks": ticks,
-                              "files": files, "versions": versions})
+                              "files": files, "versions": versions, "split": mean_split})
                 log(f"history: day {day}: mean tick {curve[-1]['mean']:.2f} s, files {sum(files.values())}")
             feed(start + dt.timedelta(days=1), per_day // 2, start + dt.timedelta(days=1, minutes=1))
         base, last = curve[0]["mean"], curve[-1]["mean"]
@@ -424,6 +435,9 @@ class Bench:
         rows = [f"| {c['day']} | {c['mean']:.2f} s | {c['max']:.2f} s | {sum(c['files'].values())} "
                 f"(packets {c['files'].get('packets', 0)}, hourly {c['files'].get('hourly', 0)}, panes "
                 f"{c['files'].get('panes', 0)}) | {c['versions']} |" for c in curve]
+        names = [k for k in curve[0]["split"] if k != "wall" and max(c["split"].get(k, 0) for c in curve) >= 0.01]
+        split_rows = [f"| {c['day']} | " + " | ".join(f"{c['split'].get(k, 0):.2f}" for k in names) + " |"
+                      for c in curve]
         self.add([
             f"### Flat with history: 5-minute micro-batches over {days} days",
             "",
@@ -436,6 +450,12 @@ class Bench:
             "| day | mean tick | slowest tick | live files (all tables) | table versions |",
             "|---|---|---|---|---|",
             *rows,
+            "",
+            "Mean seconds per phase of the six ticks (`close.quality` is the checks' share of freeze and roll-up):",
+            "",
+            "| day | " + " | ".join(names) + " |",
+            "|---|" + "---|" * len(names),
+            *split_rows,
             "",
         ], figure(f"tick after {days} days of history", f"{last:.2f} s (day 1: {base:.2f} s)", "≤ 1.2× day 1",
                   ratio <= 1.2, ratio=f"{ratio:.2f}×"))

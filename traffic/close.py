@@ -374,7 +374,11 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     check = check or _validation(warehouse, "freeze", [("hour", h) for h in hours])
     keys = [cluster_key(h, "hour") for h in hours]
     periods = [("hour", h) for h in hours]
-    packets = warehouse.table("packets").read(keys=keys).persist()
+    from pyspark import StorageLevel
+
+    # Many hours at once (a replay, a catch-up) are cached on local disk, not in the JVM heap.
+    packets = warehouse.table("packets").read(keys=keys).persist(
+        StorageLevel.DISK_ONLY if len(hours) > 24 else StorageLevel.MEMORY_AND_DISK_DESER)
     final = T.hourly_totals(packets, "final").persist()
     open_rows = warehouse.table("hourly").read(keys=keys)
     # Built-in check: the open rows the micro-batches maintained equal the totals recomputed from raw detail.

@@ -114,6 +114,8 @@ def complete(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
 
 
 MIN_SPLIT_BYTES = 4 * 1024 * 1024
+#: Input bytes of a batch up to which its parsed rows are cached in memory (beyond: on local disk).
+CACHE_IN_MEMORY_BYTES = 256 * 1024 * 1024
 
 
 def _piece_bytes(size: int, split_bytes: int, parallelism: int) -> int:
@@ -238,7 +240,10 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
 
         parsed = parsed.unionByName(spark.createDataFrame(conform(rejected_whole, PARSED_SCHEMA).to_pandas(),
                                                           parsed_schema))
-    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+    # Read back a few times. A big batch is kept on local disk, not in the JVM heap: a 30-day replay
+    # of 30 M records ran the 2 GB driver out of heap caching it in memory; a micro-batch stays fast.
+    big = sum(b - a for _, _, _, _, a, b in chunks) > CACHE_IN_MEMORY_BYTES
+    parsed = parsed.persist(StorageLevel.DISK_ONLY if big else StorageLevel.MEMORY_AND_DISK)
 
     # Sanity bounds: the future bound uses the machine clock recorded in the plan; the history
     # bound uses the newest record of the batch that passed the future bound.
