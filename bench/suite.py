@@ -183,7 +183,7 @@ class Bench:
             f"{'equal' if ok else '**MISMATCH**'}. Peak memory of this process tree (driver, JVM, workers): "
             f"{gib(memory.peak)}.",
             "",
-        ], figure("ingest 10 M records, in-session", f"{wall:.1f} s ({rate / 1e6:.2f} M rec/s)", "≥ 1 M rec/s",
+        ], figure(f"ingest {self.args.packets / 1e6:g} M records, in-session", f"{wall:.1f} s ({rate / 1e6:.2f} M rec/s)", "≥ 1 M rec/s",
                   rate >= 1_000_000 and ok, note="" if ok else "totals mismatch"))
 
     def peers(self, path: Path) -> dict:
@@ -236,7 +236,7 @@ class Bench:
             f"{totals.get('hourly_bytes', 0):,} ({'equal' if ok else '**MISMATCH**'}) |",
             *peer_rows,
             "",
-        ], figure("`traffic run` 10 M, whole process", f"{done['seconds']:.1f} s",
+        ], figure(f"`traffic run` {self.args.packets / 1e6:g} M, whole process", f"{done['seconds']:.1f} s",
                   f"≤ 5× DuckDB", ok and ratio <= 5, peer=f"DuckDB {duck['process_wall']:.1f} s, "
                   f"Polars {polars['process_wall']:.1f} s", ratio=f"{ratio:.1f}× DuckDB"))
 
@@ -280,7 +280,7 @@ class Bench:
             f"{conv_seconds:.1f} s. Per-pair packets and bytes equal tshark's per-packet fields and its conversation "
             f"frames: **{same}** ({len(ours):,} pairs). Peak memory {gib(memory.peak)}.",
             "",
-        ], figure("captures 2 M packets, in-session", f"{wall:.1f} s ({rate / 1e6:.2f} M pkt/s)", "≥ 1 M pkt/s",
+        ], figure(f"captures {self.args.capture_packets / 1e6:g} M packets, in-session", f"{wall:.1f} s ({rate / 1e6:.2f} M pkt/s)", "≥ 1 M pkt/s",
                   rate >= 1_000_000 and same),
             figure("captures vs tshark conv,ip", f"{wall:.1f} s", "≥ 20× faster", ratio >= 20 and same,
                    peer=f"tshark {conv_seconds:.1f} s", ratio=f"{ratio:.1f}×",
