@@ -77,6 +77,19 @@ def orient(src: str, dst: str, size: int, totals: dict) -> None:
     entry[1] += size
 
 
+def pair_totals(settings) -> dict:
+    """Per (local, remote) [packets, bytes] of the warehouse's ``packets`` table, as tshark's are counted."""
+    from traffic.delta import Warehouse
+
+    packets = Warehouse(settings, engine="rs").table("packets").read_arrow(columns=["local_ip", "remote_ip", "bytes"])
+    totals: dict = {}
+    for local, remote, size in zip(*(packets.column(c).to_pylist() for c in ("local_ip", "remote_ip", "bytes"))):
+        entry = totals.setdefault((local, remote), [0, 0])
+        entry[0] += 1
+        entry[1] += size
+    return totals
+
+
 def tshark_fields(path: Path) -> tuple[float, dict]:
     clock = time.perf_counter()
     out = subprocess.run(["tshark", "-n", "-r", str(path), "-T", "fields", "-E", "separator=\t",
@@ -116,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ["TZ"] = "UTC"
     from traffic.captures import parse_capture
-    from traffic.delta import Warehouse
     from traffic.ingest import ingest
     from traffic.settings import load_settings
     from traffic.spark import build_spark
@@ -140,13 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         clock = time.perf_counter()
         result = ingest(settings, lambda: spark, lambda *_: None)
         ingest_seconds = time.perf_counter() - clock
-        packets = Warehouse(settings, engine="rs").table("packets").read_arrow(
-            columns=["local_ip", "remote_ip", "bytes"])
-        ours: dict = {}
-        for local, remote, size in zip(*(packets.column(c).to_pylist() for c in ("local_ip", "remote_ip", "bytes"))):
-            entry = ours.setdefault((local, remote), [0, 0])
-            entry[0] += 1
-            entry[1] += size
+        ours = pair_totals(settings)
         spark.stop()
         conv_seconds, conv_frames = tshark_conv(capture)
         fields_seconds, theirs = tshark_fields(capture)

@@ -34,7 +34,6 @@ REPO = Path(__file__).resolve().parent.parent
 UTC = dt.timezone.utc
 START = dt.datetime(2026, 3, 10, tzinfo=UTC)  # event time of the first packet (a midnight: one whole day)
 NOTES_MARKER = "<!-- notes: text below this line is kept when bench/run.py rewrites the file -->"
-SPLIT_BYTES = 64 * 1024 * 1024  # Settings.split_bytes default: one parse task per 64 MiB of a text file
 RESULTS_TAG = "<!-- bench-results "  # raw results of every size, so a later run of other sizes keeps them
 ENV0 = dict(os.environ)  # before build_spark() sets TZ / PYSPARK_* for this process
 
@@ -315,13 +314,9 @@ def analysis(results: list[dict]) -> list[str]:
                 f"which {target} the ≥ 1 M records/s in-session target; ingest + close took "
                 f"{r['pipeline_wall']:.1f}s. Largest parts of that: {share}. "
                 f"The file ({r['gen']['file_bytes'] / 1e6:,.0f} MB) was parsed in {r['parse_tasks']} Spark task(s) "
-                f"(`split_bytes` = 64 MiB) on `local[2]`")
-        last = r["gen"]["file_bytes"] - (r["parse_tasks"] - 1) * SPLIT_BYTES if r["parse_tasks"] else 0
+                f"of equal size (at most `split_bytes` = 64 MiB each) on `local[2]`")
         if r["parse_tasks"] == 1:
             line += ", so parsing used one of the two cores"
-        elif r["parse_tasks"]:
-            line += (f": {r['parse_tasks'] - 1} × 64 MiB and a last one of {last / 1e6:.1f} MB"
-                     + (", so the parse ran essentially on one core" if r["parse_tasks"] == 2 else ""))
         if "process_wall" in r:
             start = r["session_start"] if r["session_start"] is not None else results[0]["session_start"]
             line += (f". The separate `traffic run` took {r['process_wall']:.1f}s wall against "

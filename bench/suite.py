@@ -242,7 +242,6 @@ class Bench:
 
     def case_captures(self) -> None:
         import captures
-        from traffic.delta import Warehouse
         from traffic.ingest import ingest
 
         spark = self.session()
@@ -261,13 +260,7 @@ class Bench:
         log("captures: tshark …")
         conv_seconds, conv_frames = captures.tshark_conv(pcap)
         _fields_seconds, theirs = captures.tshark_fields(pcap)
-        packets = Warehouse(settings, engine="rs").table("packets").read_arrow(
-            columns=["local_ip", "remote_ip", "bytes"])
-        ours: dict = {}
-        for local, remote, size in zip(*(packets.column(c).to_pylist() for c in ("local_ip", "remote_ip", "bytes"))):
-            entry = ours.setdefault((local, remote), [0, 0])
-            entry[0] += 1
-            entry[1] += size
+        ours = captures.pair_totals(settings)
         same = ours == theirs and {k: v[0] for k, v in ours.items()} == conv_frames
         ratio = conv_seconds / wall
         self.results["captures"] = {"wall": wall, "rate": rate, "tshark": conv_seconds, "same": same,

@@ -65,7 +65,7 @@ class SparkHolder:
             master = resolve_master(self.settings)
             print(f"connecting to the warm Spark at {master} …" if master.startswith("sc://") else "starting Spark …",
                   file=sys.stderr, flush=True)
-            self.spark = build_spark(self.settings, self.app_name)
+            self.spark = build_spark(self.settings.replace(spark_master=master), self.app_name)
             self.started_in = time.perf_counter() - clock
         return self.spark
 
