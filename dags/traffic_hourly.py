@@ -41,16 +41,16 @@ from airflow.sdk import CronDataIntervalTimetable, TriggerRule, dag, task
 
 ROOT = Path(__file__).absolute().parent.parent
 CLOSE_JOB = str(ROOT / "jobs" / "close.py")
-SPARK_CONF = {"spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{ROOT}/traffic/conf/log4j2.properties"}
 UNTIL = "{{ data_interval_end | ts }}"
 WAIT_TIMEOUT = timedelta(hours=2)
 
 
 def _pass_settings(context) -> None:
-    """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse)."""
-    from traffic.dag_support import spark_submit_env
+    """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse);
+    the quick-starting JVM unless TRAFFIC_SPARK_JIT says otherwise."""
+    from traffic.dag_support import prepare_spark_submit
 
-    context["task"].env_vars = spark_submit_env()
+    prepare_spark_submit(context["task"], quick_by_default=True)
 
 
 def _close_step(task_id: str, step: str, **kwargs) -> SparkSubmitOperator:
@@ -61,7 +61,6 @@ def _close_step(task_id: str, step: str, **kwargs) -> SparkSubmitOperator:
         application_args=["--until", UNTIL, "--only", step],
         name=f"traffic-close-{step}",
         conn_id="spark_default",
-        conf=SPARK_CONF,
         pre_execute=_pass_settings,
         execution_timeout=timedelta(minutes=30),
         **kwargs,

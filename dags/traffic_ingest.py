@@ -24,7 +24,6 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import dag, task
 
 ROOT = Path(__file__).absolute().parent.parent
-SPARK_CONF = {"spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{ROOT}/traffic/conf/log4j2.properties"}
 
 
 def _every_minutes() -> int:
@@ -34,10 +33,11 @@ def _every_minutes() -> int:
 
 
 def _pass_settings(context) -> None:
-    """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse)."""
-    from traffic.dag_support import spark_submit_env
+    """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse);
+    the quick-starting JVM unless TRAFFIC_SPARK_JIT says otherwise."""
+    from traffic.dag_support import prepare_spark_submit
 
-    context["task"].env_vars = spark_submit_env()
+    prepare_spark_submit(context["task"], quick_by_default=True)
 
 
 @dag(
@@ -64,7 +64,6 @@ def traffic_ingest():
         application=str(ROOT / "jobs" / "ingest.py"),
         name="traffic-ingest",
         conn_id="spark_default",
-        conf=SPARK_CONF,
         pre_execute=_pass_settings,
         execution_timeout=timedelta(minutes=20),
     )

@@ -31,14 +31,14 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, dag, task
 
 ROOT = Path(__file__).absolute().parent.parent
-SPARK_CONF = {"spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{ROOT}/traffic/conf/log4j2.properties"}
 
 
 def _pass_settings(context) -> None:
-    """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse)."""
-    from traffic.dag_support import spark_submit_env
+    """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse);
+    the full JIT (big work) unless TRAFFIC_SPARK_JIT says otherwise."""
+    from traffic.dag_support import prepare_spark_submit
 
-    context["task"].env_vars = spark_submit_env()
+    prepare_spark_submit(context["task"], quick_by_default=False)
 
 
 def _replay_args(params) -> list[str]:
@@ -89,7 +89,6 @@ def traffic_replay():
         application_args="{{ replay_args(params) }}",
         name="traffic-replay",
         conn_id="spark_default",
-        conf=SPARK_CONF,
         pre_execute=_pass_settings,
         execution_timeout=timedelta(hours=2),
     )

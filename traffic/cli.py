@@ -57,14 +57,17 @@ class SparkHolder:
 
     def __call__(self):
         if self.spark is None:
-            from traffic.spark import build_spark
-
-            from traffic.spark import resolve_master
+            from traffic import jvm
+            from traffic.spark import build_spark, resolve_master
 
             clock = time.perf_counter()
             master = resolve_master(self.settings)
-            print(f"connecting to the warm Spark at {master} …" if master.startswith("sc://") else "starting Spark …",
-                  file=sys.stderr, flush=True)
+            if master.startswith("sc://"):
+                print(f"connecting to the warm Spark at {master} …", file=sys.stderr, flush=True)
+            else:
+                jit = "quick-start JVM" if jvm.quick(self.settings.spark_jit) else \
+                    f"full JIT: {jvm.big_job()}" if jvm.big_job() else "full JIT"
+                print(f"starting Spark ({jit}) …", file=sys.stderr, flush=True)
             self.spark = build_spark(self.settings.replace(spark_master=master), self.app_name)
             self.started_in = time.perf_counter() - clock
         return self.spark

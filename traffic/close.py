@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic import inbox as inbox_mod
+from traffic import jvm
 from traffic import state as st
 from traffic.bills import due_periods, store_bills
 from traffic.clock import DAY, HOUR, PANE, closed_hours, day_start, hour_floor, month_start, next_month
@@ -180,6 +181,8 @@ def close_locked(settings: Settings, warehouse: Warehouse, spark_factory, until:
     result = CloseResult(watermark=st.read_clock_state(warehouse).watermark)
     if plan.empty:
         return result
+    if len(plan.hours) > jvm.QUICK_MAX_HOURS:
+        jvm.expect_big_job(f"a close of {len(plan.hours)} hours")
     execute_close(Warehouse(settings, spark=spark_factory()), plan, result, progress)
     return result
 

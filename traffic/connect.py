@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from traffic.spark import CONNECT_SESSION_CONF, LOG4J
+from traffic import jvm
+from traffic.spark import CONNECT_SESSION_CONF
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
@@ -72,7 +73,7 @@ def start_server(port: int | None = None, master: str = "local[2]", log: Path | 
         "spark.ui.enabled": "false",
         "spark.driver.memory": driver_memory,
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
-        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG4J}",
+        "spark.driver.extraJavaOptions": jvm.driver_java_options(False),  # warm: the full JIT pays off
         **CONNECT_SESSION_CONF,
     }
     command = [str(spark_submit), "--class", SERVER_CLASS, "--master", master]

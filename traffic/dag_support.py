@@ -59,6 +59,27 @@ def spark_submit_env(environ: Mapping[str, str] | None = None) -> dict[str, str]
     return env
 
 
+def spark_submit_conf(quick_by_default: bool, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``spark-submit --conf`` for a task's job: our log4j2 config and the driver's JIT.
+
+    ``spark_jit`` (``TRAFFIC_SPARK_JIT``) decides; under ``auto`` the DAG decides by the kind of
+    job, since spark-submit starts the JVM before the job knows its size: the quick-starting JVM
+    for micro-batches and hourly closes, the full JIT for replays.
+    """
+    from traffic import jvm
+    from traffic.settings import load_settings
+
+    mode = load_settings(environ=os.environ if environ is None else environ).spark_jit
+    quick = mode == "quick" or (mode == "auto" and quick_by_default)
+    return {"spark.driver.extraJavaOptions": jvm.driver_java_options(quick)}
+
+
+def prepare_spark_submit(task, quick_by_default: bool) -> None:
+    """``pre_execute`` of a SparkSubmitOperator: settings, environment and JVM options read when it runs."""
+    task.env_vars = spark_submit_env()
+    task.conf = {**(task.conf or {}), **spark_submit_conf(quick_by_default)}
+
+
 # -- the checks the sensors and short-circuits ask ------------------------------------------
 
 def watermark_passed(interval_end: Any) -> bool:
@@ -187,7 +208,7 @@ def expire_raw_detail(interval_end: Any) -> dict:
              "an interrupted batch is waiting" if pending else "spark engine")
     SparkSubmitHook(
         conn_id="spark_default", name="traffic-close-expire", env_vars=spark_submit_env(),
-        conf={"spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{root}/traffic/conf/log4j2.properties"},
+        conf=spark_submit_conf(quick_by_default=True),
         application_args=["--until", end.isoformat(), "--only", "expire"],
     ).submit(str(root / "jobs" / "close.py"))
     return {"expired_hours": None, "spark_started": True, "watermark": None}

@@ -17,6 +17,7 @@ from typing import Callable
 import pyarrow as pa
 
 from traffic import inbox as inbox_mod
+from traffic import jvm
 from traffic import state as st
 from traffic.clock import HOUR, advance, hour_floor, month_start
 from traffic.delta import Warehouse, cluster_key
@@ -84,6 +85,7 @@ def ingest(settings: Settings, spark_factory: Callable[[], object], progress=pri
             journal.save(plan)
         if resumed:
             progress(f"resuming interrupted batch {plan['batch_id']}")
+        announce_work(plan)
         warehouse = Warehouse(settings, spark=spark_factory())
         result = complete(warehouse, plan, progress)
         result.resumed = resumed
@@ -98,9 +100,17 @@ def finish_pending(settings: Settings, warehouse: Warehouse, spark_factory, prog
     if plan is None:
         return False
     progress(f"finishing interrupted {plan.get('mode', 'ingest')} batch {plan['batch_id']} first")
+    announce_work(plan)
     complete(Warehouse(settings, spark=spark_factory()), plan, progress)
     journal.clear()
     return True
+
+
+def announce_work(plan: dict) -> None:
+    """Tell the JVM about to start whether this batch is big (``spark_jit = auto`` picks its JIT by it)."""
+    size = sum(f["size"] - f["start"] for f in plan["files"] if f["status"] in inbox_mod.TO_READ)
+    if size > jvm.QUICK_MAX_BYTES:
+        jvm.expect_big_job(f"a batch of {size / 2**20:,.0f} MiB")
 
 
 def complete(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:

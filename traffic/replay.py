@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Callable
 
 from traffic import inbox as inbox_mod
+from traffic import jvm
 from traffic import state as st
 from traffic.clock import DAY, HOUR, hour_floor, month_start, next_month
 from traffic.delta import Warehouse, cluster_key
-from traffic.ingest import BatchResult, complete, finish_pending
+from traffic.ingest import BatchResult, announce_work, complete, finish_pending
 from traffic.settings import Settings, SettingsError
 
 UTC = timezone.utc
@@ -97,9 +98,12 @@ def replay(settings: Settings, spark_factory: Callable[[], object], input_dir: P
         finish_pending(settings, warehouse, spark_factory, progress)
         plan = plan_replay(settings, warehouse, Path(input_dir), start, end, source, restate)
         result = BatchResult()
+        if end - start > jvm.QUICK_MAX_HOURS * HOUR:
+            jvm.expect_big_job(f"a replay of {(end - start) / HOUR:,.0f} hours")
         if plan is not None:
             journal = inbox_mod.Journal(warehouse.state_dir())
             journal.save(plan)
+            announce_work(plan)
             result = complete(Warehouse(settings, spark=spark_factory()), plan, progress)
             journal.clear()
         closed = close_locked(settings, warehouse, spark_factory, None, progress)

@@ -108,6 +108,7 @@ class Settings:
     lock_timeout: timedelta = timedelta(minutes=10)
     engine: str = "auto"
     spark_master: str = "auto"
+    spark_jit: str = "auto"
     spark_jars_dir: Path | None = None
     shuffle_partitions: int = 4
     split_bytes: int = 64 * 1024 * 1024
@@ -152,6 +153,7 @@ _PARSERS = {
     "lock_timeout": parse_duration,
     "engine": lambda n, v: _choice(n, v, ("auto", "rs", "spark")),
     "spark_master": lambda n, v: str(v),
+    "spark_jit": lambda n, v: _choice(n, v, ("auto", "quick", "full")),
     "spark_jars_dir": lambda n, v: None if v in (None, "") else Path(v).expanduser().absolute(),
     "shuffle_partitions": lambda n, v: _parse_int(n, v, 1),
     "split_bytes": lambda n, v: _parse_int(n, v, 1024),

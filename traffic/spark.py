@@ -8,10 +8,9 @@ import time
 import warnings
 from pathlib import Path
 
+from traffic import jvm
 from traffic.delta import choose_engine
 from traffic.settings import Settings
-
-LOG4J = Path(__file__).resolve().parent / "conf" / "log4j2.properties"
 
 
 #: What ``spark_master = auto`` means when the warehouse has no warm server running.
@@ -38,9 +37,9 @@ def build_spark(settings: Settings, app_name: str):
     """A SparkSession tuned for this pipeline: UTC, microsecond timestamps, few partitions, no UI."""
     from pyspark.sql import SparkSession
 
-    # Quiet JVM start-up: our log4j2 config applies from the first line.
-    os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
-                          f"--driver-java-options -Dlog4j.configurationFile=file:{LOG4J} pyspark-shell")
+    # Quiet JVM start-up (our log4j2 config applies from the first line), and the JIT the job needs.
+    java_options = jvm.driver_java_options(jvm.quick(settings.spark_jit))
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-java-options '{java_options}' pyspark-shell")
     # Python workers must run the same interpreter (and so the same pyarrow) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -73,7 +72,7 @@ def build_spark(settings: Settings, app_name: str):
         .config("spark.sql.files.maxPartitionBytes", str(settings.split_bytes))
         .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
         .config("spark.hadoop.parquet.enable.summary-metadata", "false")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{LOG4J}")
+        .config("spark.driver.extraJavaOptions", java_options)
     )
     if choose_engine(settings) == "spark":
         jars = sorted(str(p) for p in settings.spark_jars_dir.glob("*.jar"))

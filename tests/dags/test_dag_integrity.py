@@ -153,6 +153,36 @@ def test_spark_submit_env_passes_traffic_settings_and_the_venv_python():
     assert env["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/usr/bin"]
 
 
+def test_spark_tasks_start_the_jvm_their_job_needs(dagbag, monkeypatch):
+    """Micro-batches and hourly closes get the quick-starting JVM, replays the full JIT; TRAFFIC_SPARK_JIT overrides."""
+    from types import SimpleNamespace
+
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from traffic.jvm import QUICK_FLAGS
+
+    def java_options() -> dict[tuple[str, str], str]:
+        seen = {}
+        for dag in dagbag.dags.values():
+            for task in dag.tasks:
+                if isinstance(task, SparkSubmitOperator):
+                    fake = SimpleNamespace(conf=None, env_vars=None)
+                    task._pre_execute_hook({"task": fake})
+                    assert "TZ" in fake.env_vars
+                    seen[(dag.dag_id, task.task_id)] = fake.conf["spark.driver.extraJavaOptions"]
+        assert all("-Dlog4j.configurationFile=file:" in options for options in seen.values()), seen
+        return seen
+
+    monkeypatch.delenv("TRAFFIC_SPARK_JIT", raising=False)
+    quick = {key for key, options in java_options().items() if QUICK_FLAGS in options}
+    assert quick == {("traffic_ingest", "ingest"), ("traffic_hourly", "freeze"), ("traffic_hourly", "roll_up_day"),
+                     ("traffic_hourly", "roll_up_month")}
+    monkeypatch.setenv("TRAFFIC_SPARK_JIT", "full")
+    assert not any(QUICK_FLAGS in options for options in java_options().values())
+    monkeypatch.setenv("TRAFFIC_SPARK_JIT", "quick")
+    assert all(QUICK_FLAGS in options for options in java_options().values())
+
+
 def test_hourly_timetable_gives_one_hour_data_intervals(dagbag):
     import pendulum
     from airflow.serialization.encoders import coerce_to_core_timetable

@@ -59,7 +59,7 @@ def test_a_warm_server_serves_later_jobs_and_stops_cleanly(tmp_path):
         run = _traffic("run", *where, "--set", "now=2026-12-01T00:00:00+00:00")
         assert run.returncode == 0, run.stderr
         assert f"connecting to the warm Spark at {record['url']}" in run.stderr, run.stderr
-        assert "starting Spark …" not in run.stderr
+        assert "starting Spark (" not in run.stderr
         assert "5 on time" in run.stdout and "1 hour(s) frozen" in run.stdout, run.stdout
     finally:
         stopped = _traffic("spark", "stop", *where)

@@ -45,6 +45,7 @@ def test_parallel_ingests_and_closes_count_everything_once(tmp_path):
     first, second = _traffic(tmp_path, "ingest"), _traffic(tmp_path, "ingest")
     outputs = [p.communicate(timeout=300) for p in (first, second)]
     assert [p.returncode for p in (first, second)] == [0, 0], outputs
+    assert any("starting Spark (quick-start JVM)" in err for _, err in outputs), outputs  # a small batch
     said = sorted(out for out, _ in outputs)
     assert "nothing new" in said[1] or "nothing new" in said[0], said  # the loser waited, then had nothing to do
     # New content: its first three hours are late by now, the rest on time; then collide close, run and close.
