@@ -1,12 +1,13 @@
 """One real Airflow for the end-to-end tests: `scripts/airflow.sh` (what `make airflow` runs) in a tmp home.
 
-Session fixtures, shared by the REST and the browser tests so Airflow starts once:
+Module fixtures (the REST and the browser tests are one module, so Airflow starts once, and stops as
+soon as that module is done rather than at the very end of the run):
 
 * ``airflow`` — `airflow standalone` on 127.0.0.1 (a free port), its own AIRFLOW_HOME, warehouse
   and inbox under tmp, ``TRAFFIC_KEEP_HOURS=1``; a REST API v2 client with a JWT from the simple
-  auth manager. Stopped at the end like Ctrl-C does (SIGINT to its process group), then SIGKILL
-  for anything of it still alive.
-* ``hourly_backfill`` — the scenario: router-feed files for four event-time hours across one
+  auth manager. Stopped like Ctrl-C does (SIGINT to its process group); whatever of it is still
+  alive after 20 s is SIGKILLed (its home and warehouse are thrown away).
+* ``hourly_backfill`` — the scenario: router-feed files for six event-time hours across one
   midnight (a tick at the end so the watermark passes the last hour) dropped in the inbox,
   `traffic_ingest` unpaused and triggered, then `traffic_hourly` backfilled over those hours
   through the REST API's backfill endpoint.
@@ -165,14 +166,14 @@ def _our_processes(home: Path) -> list[int]:
 
 
 def _stop(process: subprocess.Popen, home: Path) -> None:
-    """Like Ctrl-C: SIGINT to the process group; after 45 s, SIGKILL to whatever of ours is left."""
+    """Like Ctrl-C: SIGINT to the process group; after 20 s, SIGKILL to whatever of ours is left."""
     if process.poll() is None:
         try:
             os.killpg(process.pid, signal.SIGINT)
         except ProcessLookupError:
             pass
         try:
-            process.wait(timeout=45)
+            process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             pass
     for _ in range(3):
@@ -193,7 +194,7 @@ def _stop(process: subprocess.Popen, home: Path) -> None:
         process.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def airflow(tmp_path_factory):
     base = tmp_path_factory.mktemp("airflow-e2e")
     home, warehouse, inbox = base / "airflow-home", base / "warehouse", base / "inbox"
@@ -310,7 +311,7 @@ class Backfill:
     seconds: dict
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hourly_backfill(airflow) -> Backfill:
     api, clock, seconds = airflow.api, time.monotonic(), {}
     midnight = scenario_midnight()
