@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(environ={}, overrides={"warehouse": work / "warehouse", "inbox": work / "inbox",
                                                         "local_networks": LOCAL_NET, "now": "2026-11-02T00:00:00Z"})
         clock = time.perf_counter()
-        spark = build_spark(settings, "traffic-bench-captures")
+        spark = build_spark(settings.replace(spark_jit="full"), "traffic-bench-captures")
         session_seconds = time.perf_counter() - clock
         clock = time.perf_counter()
         result = ingest(settings, lambda: spark, lambda *_: None)

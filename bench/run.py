@@ -189,7 +189,7 @@ def run_size(n: int, args, base: Path, session: dict) -> dict:
                                                     "now": now})
     if session.get("spark") is None:
         clock = time.perf_counter()
-        session["spark"] = build_spark(settings, "traffic-bench")
+        session["spark"] = build_spark(settings.replace(spark_jit="full"), "traffic-bench")
         r["session_start"] = time.perf_counter() - clock
     else:
         r["session_start"] = None  # reused from an earlier size

@@ -119,7 +119,8 @@ class Bench:
 
     # -- shared session -------------------------------------------------------------------------
     def session(self):
-        """One SparkSession for the in-session cases, warmed by a small batch so JIT and workers are hot."""
+        """One SparkSession for the in-session cases (millions of records: the full JIT), warmed by a small
+        batch so JIT and workers are hot."""
         if self.spark is None:
             from traffic.close import close
             from traffic.ingest import ingest
@@ -131,7 +132,7 @@ class Bench:
             settings = settings_for(folder / "warehouse", folder / "inbox",
                                     dt.datetime.fromisoformat(gen["end"]) + dt.timedelta(hours=1))
             clock = time.perf_counter()
-            self.spark = build_spark(settings, "traffic-bench")
+            self.spark = build_spark(settings.replace(spark_jit="full"), "traffic-bench")
             self.session_start = time.perf_counter() - clock
             clock = time.perf_counter()
             ingest(settings, lambda: self.spark, lambda _m: None)
