@@ -418,20 +418,28 @@ class Bench:
                 wh = Warehouse(settings_for(warehouse, inbox, fed), engine="rs")
                 files = {t: len(wh.table(t).files()) for t in TABLES if wh.table(t).exists()}
                 versions = {t: wh.table(t).version() for t in ("packets", "hourly", "periods")}
-                mean_split = {k: statistics.mean(sp.get(k, 0.0) for sp in splits) for k in splits[0]}
+                phase_names = list(dict.fromkeys(k for sp in splits for k in sp))  # the freezing tick has more
+                mean_split = {k: statistics.mean(sp.get(k, 0.0) for sp in splits) for k in phase_names}
+                freezing = max(splits, key=lambda sp: sp["wall"])
                 curve.append({"day": day, "mean": statistics.mean(ticks), "max": max(ticks), "ticks": ticks,
-                              "files": files, "versions": versions, "split": mean_split})
+                              "files": files, "versions": versions, "split": mean_split, "freezing": freezing})
                 log(f"history: day {day}: mean tick {curve[-1]['mean']:.2f} s, files {sum(files.values())}")
             feed(start + dt.timedelta(days=1), per_day // 2, start + dt.timedelta(days=1, minutes=1))
         base, last = curve[0]["mean"], curve[-1]["mean"]
         ratio = last / base
+        # The tick that freezes an hour is a tick too: both it and the mean must stay flat.
+        freeze_base, freeze_last = curve[0]["freezing"]["wall"], curve[-1]["freezing"]["wall"]
+        freeze_ratio = freeze_last / freeze_base
         self.results["history"] = curve
         rows = [f"| {c['day']} | {c['mean']:.2f} s | {c['max']:.2f} s | {sum(c['files'].values())} "
                 f"(packets {c['files'].get('packets', 0)}, hourly {c['files'].get('hourly', 0)}, panes "
                 f"{c['files'].get('panes', 0)}) | {c['versions']} |" for c in curve]
-        names = [k for k in curve[0]["split"] if k != "wall" and max(c["split"].get(k, 0) for c in curve) >= 0.01]
-        split_rows = [f"| {c['day']} | " + " | ".join(f"{c['split'].get(k, 0):.2f}" for k in names) + " |"
-                      for c in curve]
+        names = [k for k in dict.fromkeys(k for c in curve for k in c["freezing"])
+                 if k != "wall" and max(c["freezing"].get(k, 0) for c in curve) >= 0.01]
+        split_rows = [f"| {c['day']} | {c['split']['wall']:.2f} | " + " | ".join(
+            f"{c['split'].get(k, 0):.2f}" for k in names) + " |" for c in curve]
+        freezing_rows = [f"| {c['day']} | {c['freezing']['wall']:.2f} | " + " | ".join(
+            f"{c['freezing'].get(k, 0):.2f}" for k in names) + " |" for c in curve]
         self.add([
             f"### Flat with history: 5-minute micro-batches over {days} days",
             "",
@@ -447,12 +455,19 @@ class Bench:
             "",
             "Mean seconds per phase of the six ticks (`close.quality` is the checks' share of freeze and roll-up):",
             "",
-            "| day | " + " | ".join(names) + " |",
-            "|---|" + "---|" * len(names),
+            "| day | wall | " + " | ".join(names) + " |",
+            "|---|---|" + "---|" * len(names),
             *split_rows,
             "",
-        ], figure(f"tick after {days} days of history", f"{last:.2f} s (day 1: {base:.2f} s)", "≤ 1.2× day 1",
-                  ratio <= 1.2, ratio=f"{ratio:.2f}×"))
+            "The same for the tick that freezes 12:00 (the slowest of the six):",
+            "",
+            "| day | wall | " + " | ".join(names) + " |",
+            "|---|---|" + "---|" * len(names),
+            *freezing_rows,
+            "",
+        ], figure(f"tick after {days} days of history", f"mean {last:.2f} s (day 1: {base:.2f} s), freezing tick "
+                  f"{freeze_last:.2f} s (day 1: {freeze_base:.2f} s)", "≤ 1.2× day 1", max(ratio, freeze_ratio) <= 1.2,
+                  ratio=f"{ratio:.2f}× mean, {freeze_ratio:.2f}× freezing"))
 
     def case_backfill(self) -> None:
         per_day, days = self.args.backfill_per_day, 30
