@@ -57,6 +57,7 @@ class ClosePlan:
     expire_packets: list[str] = field(default_factory=list)
     expire_other: dict[str, list[str]] = field(default_factory=dict)
     bills: list = field(default_factory=list)  # billing periods that close (traffic.bills)
+    dq_bound: datetime | None = None  # check results of periods before this expire (dq_retention)
 
     @property
     def empty(self) -> bool:
@@ -122,7 +123,8 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
                              ("source_panes", settings.dq_retention)):
         bound = cluster_key(floor_w - retention, "hour")
         plan.expire_other[table] = [k for k in warehouse.table(table).keys() if k < bound]
-    dq_bound = cluster_key(month_start(floor_w - settings.dq_retention), "month")
+    plan.dq_bound = month_start(floor_w - settings.dq_retention)
+    dq_bound = cluster_key(plan.dq_bound, "month")
     plan.expire_other["dq_results"] = [k for k in warehouse.table("dq_results").keys() if k < dq_bound]
     # Bills of billing periods whose hours are all frozen (by now or by this run) and published.
     plan.bills = due_periods(warehouse, state.first_hour, frozen_end, published | set(plan.hours))
@@ -152,6 +154,7 @@ def restrict(plan: ClosePlan, only: tuple[str, ...] | None) -> ClosePlan:
         expire_packets=plan.expire_packets if "expire" in only else [],
         expire_other=plan.expire_other if "expire" in only else {},
         bills=plan.bills if "freeze" in only else [],  # bills are stored by the step that freezes their last hour
+        dq_bound=plan.dq_bound if "expire" in only else None,
     )
 
 
@@ -189,7 +192,7 @@ def close_locked(settings: Settings, warehouse: Warehouse, spark_factory, until:
 
 def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, progress=print) -> None:
     """Run a close plan with Spark: freeze → roll up days → months (each checked) → expire → maintenance → report."""
-    from traffic.quality import build_data_docs, preload
+    from traffic.quality import build_data_docs, preload, prune_reports
 
     if plan.hours or plan.days or plan.months or plan.bills:
         preload()
@@ -247,6 +250,11 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
     for table, keys in plan.expire_other.items():
         if keys:
             warehouse.table(table).delete_keys(keys, op="expire")
+    if plan.dq_bound is not None:
+        # The validation results and Data Docs pages behind expired dq_results go with them.
+        pruned = prune_reports(warehouse, plan.dq_bound)
+        if pruned:
+            progress(f"removed {pruned} Great Expectations run(s) of periods before {plan.dq_bound:%Y-%m}")
     maintain(warehouse)
     result.seconds["expire_maintain"] = time.perf_counter() - clock
     checks = [c for c in checks if c is not None]

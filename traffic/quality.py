@@ -371,6 +371,41 @@ def build_data_docs(warehouse: Warehouse, validations: Iterable[Validation]) -> 
     context.build_data_docs(resource_identifiers=identifiers + [ExpectationSuiteIdentifier(name=s) for s in suites])
 
 
+def run_periods_end(run_name: str) -> datetime | None:
+    """The start of the last period a validation run covered, from its name (``Validation.run_id``):
+    ``freeze-20261101T1000Z-20261101T1300Z-1a2b3c4d``, ``days-20261101-…``, ``months-202611-…``."""
+    labels = run_name.split("-")[1:-1]
+    formats = {14: "%Y%m%dT%H%MZ", 8: "%Y%m%d", 6: "%Y%m"}
+    if not labels or len(labels[-1]) not in formats:
+        return None
+    try:
+        return datetime.strptime(labels[-1], formats[len(labels[-1])]).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def prune_reports(warehouse: Warehouse, before: datetime) -> int:
+    """Remove the stored validation results and Data Docs pages of runs whose periods all start before
+    ``before`` (what ``dq_retention`` expires from ``dq_results``); returns the runs removed.
+
+    Without this the stores grow by every close forever, and so does the work of listing them
+    each time Data Docs and the report are rebuilt. The Data Docs index drops them on its next build.
+    """
+    import shutil
+
+    root = reports_dir(warehouse)
+    removed = set()
+    for store in (root / "gx" / "validations", root / "data_docs" / "validations"):
+        if not store.is_dir():
+            continue
+        for run in store.glob("*/*"):
+            end = run_periods_end(run.name) if run.is_dir() else None
+            if end is not None and end < before:
+                shutil.rmtree(run)
+                removed.add(run.name)
+    return len(removed)
+
+
 def docs_pages(warehouse: Warehouse) -> dict[tuple[str, str], dict[str, str]]:
     """(suite, run_id) → {asset: newest Data Docs page}, paths relative to ``_reports`` (for the report).
 
