@@ -85,7 +85,8 @@ def _gather(warehouse: Warehouse) -> dict:
         open_totals[key][0] += b
         open_totals[key][1] += p
     return {"state": state, "ledger": ledger, "months": dict(month_totals), "days": dict(day_totals),
-            "top": {column: _top(daily, column) for column in ("local_ip", "remote_ip")}, "open": dict(open_totals), "rejects": rejects, "late": late, "results": results,
+            "top": {column: _top(daily, column) for column in ("local_ip", "remote_ip")},
+            "open": dict(open_totals), "rejects": rejects, "late": late, "results": results,
             "pages": docs_pages(warehouse)}
 
 
