@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 from traffic import state as st
 from traffic.bills import account_totals, bill_rows, billing_cycle, compute_period, final_panes
 from traffic.billing import PANE_SECONDS, BillingPeriod, rate_bps
-from traffic.delta import Warehouse
+from traffic.clock import hour_floor
+from traffic.delta import Warehouse, cluster_key
 from traffic.html_report import CSS, _e, _num, human_bytes
 
 #: Pixel columns of the rate chart's plot area: a month (~8,640 panes) is drawn as the least and
@@ -77,12 +78,15 @@ def bill_periods(warehouse: Warehouse) -> list[PeriodPage]:
                         sorted(rows, key=lambda r: (r["account"] is None, r["account"] or "")), "final",
                         "final: stored when the period closed")
              for (start, end), rows in sorted(stored.items())]
-    starts = warehouse.table("panes").read_arrow(columns=["pane_start"], filter=pc.field("status") == "final")
+    # As the close does: billing resumes where the stored bills end, so only later panes are read
+    # (reading every final pane's start made each report slower as history grew).
+    billed_until = max((end for _, end in stored), default=None)
+    after = cluster_key(hour_floor(billed_until), "hour") if billed_until else None
+    starts = warehouse.table("panes").read_arrow(key_min=after, columns=["pane_start"],
+                                                 filter=pc.field("status") == "final")
     if starts.num_rows == 0:
         return pages
     bounds = pc.min_max(starts.column("pane_start")).as_py()
-    # As the close does: billing resumes where the stored bills end.
-    billed_until = max((end for _, end in stored), default=None)
     first = max(bounds["min"], billed_until) if billed_until else bounds["min"]
     cycle = billing_cycle(warehouse.settings)
     period = cycle.period_containing(first)
