@@ -184,7 +184,8 @@ class Bench:
             f"{'equal' if ok else '**MISMATCH**'}. Peak memory of this process tree (driver, JVM, workers): "
             f"{gib(memory.peak)}.",
             "",
-        ], figure(f"ingest {self.args.packets / 1e6:g} M records, in-session", f"{wall:.1f} s ({rate / 1e6:.2f} M rec/s)", "≥ 1 M rec/s",
+        ], figure(f"ingest {self.args.packets / 1e6:g} M records, in-session",
+                  f"{wall:.1f} s ({rate / 1e6:.2f} M rec/s)", "≥ 1 M rec/s",
                   rate >= 1_000_000 and ok, note="" if ok else "totals mismatch"))
 
     def peers(self, path: Path) -> dict:
@@ -274,8 +275,8 @@ class Bench:
             f"{conv_seconds:.1f} s. Per-pair packets and bytes equal tshark's per-packet fields and its conversation "
             f"frames: **{same}** ({len(ours):,} pairs). Peak memory {gib(memory.peak)}.",
             "",
-        ], figure(f"captures {self.args.capture_packets / 1e6:g} M packets, in-session", f"{wall:.1f} s ({rate / 1e6:.2f} M pkt/s)", "≥ 1 M pkt/s",
-                  rate >= 1_000_000 and same),
+        ], figure(f"captures {self.args.capture_packets / 1e6:g} M packets, in-session",
+                  f"{wall:.1f} s ({rate / 1e6:.2f} M pkt/s)", "≥ 1 M pkt/s", rate >= 1_000_000 and same),
             figure("captures vs tshark conv,ip", f"{wall:.1f} s", "≥ 20× faster", ratio >= 20 and same,
                    peer=f"tshark {conv_seconds:.1f} s", ratio=f"{ratio:.1f}×",
                    note="" if same else "per-pair totals differ"))
@@ -383,9 +384,8 @@ class Bench:
         probes = sorted({1, *range(8, days, 7), days})
         curve, fed, seq = [], first, 0
 
-        phases: dict[int, list[dict]] = {}
-
-        def feed(until: dt.datetime, packets: int, now: dt.datetime) -> float:
+        def feed(until: dt.datetime, packets: int, now: dt.datetime) -> dict:
+            """Deliver and close one batch; its wall time and per-phase split (ingest, then ``close.*``)."""
             nonlocal fed, seq
             seq += 1
             hours = (until - fed).total_seconds() / 3600
@@ -396,13 +396,7 @@ class Bench:
             batch = ingest(settings, lambda: spark, lambda _m: None)
             closed = close(settings, lambda: spark, None, lambda _m: None)
             wall = time.perf_counter() - clock
-            split = {**batch.seconds, **{f"close.{k}": v for k, v in closed.seconds.items()}}
-            phases.setdefault(seq, []).append({"wall": wall, **split})
-            last_split.clear()
-            last_split.update(split, wall=wall)
-            return wall
-
-        last_split: dict = {}
+            return {"wall": wall, **batch.seconds, **{f"close.{k}": v for k, v in closed.seconds.items()}}
 
         log(f"history: {days} days ({per_day:,} packets a day, probes on days {probes}) …")
         for day in range(1, days + 1):
@@ -410,11 +404,11 @@ class Bench:
             if day in probes:
                 window = start + dt.timedelta(hours=12, minutes=35)
                 feed(window, per_day // 2, window + dt.timedelta(minutes=1))
-                ticks, splits = [], []
+                splits = []
                 for i in range(6):  # 12:35 → 13:05 in 5-minute micro-batches (one freezes 12:00)
                     end = window + dt.timedelta(minutes=5 * (i + 1))
-                    ticks.append(feed(end, tick_n, end + dt.timedelta(minutes=1)))
-                    splits.append(dict(last_split))
+                    splits.append(feed(end, tick_n, end + dt.timedelta(minutes=1)))
+                ticks = [split["wall"] for split in splits]
                 wh = Warehouse(settings_for(warehouse, inbox, fed), engine="rs")
                 files = {t: len(wh.table(t).files()) for t in TABLES if wh.table(t).exists()}
                 versions = {t: wh.table(t).version() for t in ("packets", "hourly", "periods")}

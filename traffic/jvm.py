@@ -5,8 +5,8 @@ compiler (C2) and the parallel collector burn CPU on code that runs for seconds.
 the serial collector, a cold 100 k-packet ``traffic run`` took 25–27 s instead of 34–35 s here and
 the JVM used about 40 % less CPU; on 2 M records the same flags were 10–15 % slower, because C2's
 code is faster once it is there. So ``spark_jit = auto`` picks the quick JVM unless the job said,
-before its JVM started, that it has big work (``expect_big_job``). Imports nothing heavy: the DAG
-files use it at parse time.
+before its JVM started, that it has big work (``expect_big_job``). Imports nothing heavy (the
+settings validate ``spark_jit`` against ``MODES``).
 """
 
 from __future__ import annotations
@@ -36,9 +36,13 @@ def big_job() -> str | None:
     return _big_job
 
 
-def quick(mode: str) -> bool:
-    """Whether a JVM started now should be the quick-starting one."""
-    return mode == "quick" or (mode == "auto" and _big_job is None)
+def quick(mode: str, small_by_default: bool = True) -> bool:
+    """Whether a JVM started now should be the quick-starting one.
+
+    ``small_by_default=False`` is for a JVM started before its job can say how big it is (a
+    replay under spark-submit): ``auto`` then means the full JIT.
+    """
+    return mode == "quick" or (mode == "auto" and small_by_default and _big_job is None)
 
 
 def driver_java_options(quick_start: bool, log4j: Path | str = LOG4J) -> str:

@@ -15,6 +15,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from traffic import jvm
+
 
 class SettingsError(ValueError):
     """A configuration value a person has to fix; the message says which and how."""
@@ -153,7 +155,7 @@ _PARSERS = {
     "lock_timeout": parse_duration,
     "engine": lambda n, v: _choice(n, v, ("auto", "rs", "spark")),
     "spark_master": lambda n, v: str(v),
-    "spark_jit": lambda n, v: _choice(n, v, ("auto", "quick", "full")),
+    "spark_jit": lambda n, v: _choice(n, v, jvm.MODES),
     "spark_jars_dir": lambda n, v: None if v in (None, "") else Path(v).expanduser().absolute(),
     "shuffle_partitions": lambda n, v: _parse_int(n, v, 1),
     "split_bytes": lambda n, v: _parse_int(n, v, 1024),
