@@ -70,7 +70,7 @@ def spark_submit_conf(quick_by_default: bool, environ: Mapping[str, str] | None 
     from traffic.settings import load_settings
 
     mode = load_settings(environ=os.environ if environ is None else environ).spark_jit
-    return {"spark.driver.extraJavaOptions": jvm.driver_java_options(jvm.quick(mode, quick_by_default))}
+    return {"spark.driver.extraJavaOptions": jvm.driver_java_options(jvm.quick_for(mode, big=not quick_by_default))}
 
 
 def prepare_spark_submit(task, quick_by_default: bool) -> None:

@@ -36,13 +36,14 @@ def big_job() -> str | None:
     return _big_job
 
 
-def quick(mode: str, small_by_default: bool = True) -> bool:
-    """Whether a JVM started now should be the quick-starting one.
+def quick_for(mode: str, big: bool) -> bool:
+    """The rule: ``quick`` always, ``full`` never, ``auto`` unless the work is big."""
+    return mode == "quick" or (mode == "auto" and not big)
 
-    ``small_by_default=False`` is for a JVM started before its job can say how big it is (a
-    replay under spark-submit): ``auto`` then means the full JIT.
-    """
-    return mode == "quick" or (mode == "auto" and small_by_default and _big_job is None)
+
+def quick(mode: str) -> bool:
+    """Whether a JVM started now by this process should be the quick-starting one."""
+    return quick_for(mode, _big_job is not None)
 
 
 def driver_java_options(quick_start: bool, log4j: Path | str = LOG4J) -> str:
