@@ -25,14 +25,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
@@ -76,6 +78,75 @@ def choose_engine(settings: Settings) -> str:
     if jars and jars.is_dir() and any(p.name.startswith(("delta-spark", "delta-core")) for p in jars.glob("*.jar")):
         return "spark"
     return "rs"
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Parquet files written ahead of their commit, into a folder the table chose (``Table.staging``).
+
+    Ingest tasks write raw detail here on the executors (``write_staged``), so the rows never
+    pass through the driver or the JVM; committing the handle adds exactly those files.
+    """
+
+    table: str
+    folder: str
+
+
+_UNIT_US = {"hour": 3_600_000_000, "day": 86_400_000_000, "month": 86_400_000_000}
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _key_groups(column: pa.ChunkedArray | pa.Array, grain: str) -> tuple[np.ndarray, list[str]]:
+    """Per row, the index of its cluster key, and the keys: one datetime conversion per distinct value."""
+    if pa.types.is_date(column.type):
+        micros = pc.multiply(pc.cast(pc.cast(column, pa.int32()), pa.int64()), _UNIT_US["day"])
+    else:
+        micros = pc.cast(column, pa.int64())
+    null = np.iinfo(np.int64).min
+    floored = pc.fill_null(micros, null).to_numpy()
+    floored = np.where(floored == null, null, floored // _UNIT_US[grain] * _UNIT_US[grain])
+    distinct, index = np.unique(floored, return_inverse=True)
+    keys = [_NULL_KEY if v == null else cluster_key(_EPOCH + timedelta(microseconds=int(v)), grain) for v in distinct]
+    if grain == "month":  # several days share a month: merge their groups
+        names = sorted(set(keys))
+        index = np.array([names.index(k) for k in keys], dtype=np.int64)[index]
+        keys = names
+    return index, keys
+
+
+def write_keyed(data: pa.Table, table: str, dest: Path, part: str) -> int:
+    """Write ``data`` (conformed to ``table``'s schema) into ``dest``: one ``k=<key>/<part>.parquet`` per cluster key."""
+    data = conform(data, schemas.arrow_schema(table))
+    if data.num_rows == 0:
+        return 0
+    cluster = schemas.cluster(table)
+    if cluster is None:
+        dest.mkdir(parents=True, exist_ok=True)
+        pq.write_table(data, dest / f"{part}.parquet")
+        return data.num_rows
+    index, keys = _key_groups(data.column(cluster.column), cluster.grain)
+    order = np.argsort(index, kind="stable")
+    bounds = np.searchsorted(index[order], np.arange(len(keys) + 1))
+    for position, key in enumerate(keys):
+        rows = order[bounds[position]:bounds[position + 1]]
+        if len(rows) == 0:
+            continue
+        folder = dest / f"k={key}"
+        folder.mkdir(parents=True, exist_ok=True)
+        part_rows = data if len(rows) == data.num_rows else data.take(pa.array(rows))
+        pq.write_table(part_rows, folder / f"{part}.parquet")
+    return data.num_rows
+
+
+def write_staged(data: pa.Table, staged: Staged, part: str) -> int:
+    """Write rows into a staged folder (on an executor or the driver); returns the rows written."""
+    return write_keyed(data, staged.table, Path(staged.folder), part)
+
+
+def discard_staged(staged: Staged, part: str) -> None:
+    """Remove the files named ``part`` from a staged folder (a task's output that will not be committed)."""
+    for path in Path(staged.folder).glob(f"**/{part}.parquet"):
+        path.unlink()
 
 
 @dataclass(frozen=True)
@@ -154,6 +225,16 @@ class Warehouse:
     def exists(self) -> bool:
         return (self.root / "clocks" / "_delta_log").is_dir()
 
+    def scratch(self, name: str) -> Path:
+        """An empty folder for one job's intermediate files (what is left of an earlier attempt is removed)."""
+        path = self.state_dir() / "scratch" / name
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return path
+
+    def drop_scratch(self, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
     def create_all(self) -> None:
         """Create every table that does not exist yet (idempotent)."""
         for name in schemas.TABLES:
@@ -173,6 +254,13 @@ class Table:
     # -- keys ---------------------------------------------------------------------------
     def key_of(self, value) -> str | None:
         return cluster_key(value, self.cluster.grain) if self.cluster else None
+
+    def staging(self) -> Staged:
+        """A fresh folder for files to be committed later (``append``/``replace`` the returned handle)."""
+        return Staged(self.name, str(self._staging_folder()))
+
+    def _staging_folder(self) -> Path:
+        raise NotImplementedError
 
     def _check_keys(self, keys: Iterable[str | None]) -> list[str | None]:
         keys = list(keys)
@@ -387,33 +475,22 @@ class RsTable(Table):
         self.warehouse.step(f"{self.name}.{op}.committed")
         return True
 
+    def _staging_folder(self) -> Path:
+        # Inside the table root: committing staged files adds them where they are, no copy.
+        return self.path / f"w{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+
     def _stage(self, data) -> list[tuple[Any, str | None]]:
         """Write ``data`` as parquet into a fresh folder; return (AddAction, key) per non-empty file."""
-        folder = f"w{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
-        dest = self.path / folder
+        if isinstance(data, Staged):
+            if data.table != self.name or Path(data.folder).parent != self.path:
+                raise StorageError(f"{self.name}: staged files of {data.table} at {data.folder} cannot be committed here")
+            return self._add_actions(Path(data.folder))
+        dest = self._staging_folder()
         if isinstance(data, pa.Table):
-            self._write_arrow(data, dest)
+            write_keyed(data, self.name, dest, "part-00000")
         else:
             self._write_spark(data, dest)
         return self._add_actions(dest)
-
-    def _write_arrow(self, data: pa.Table, dest: Path) -> None:
-        data = conform(data, self.arrow_schema)
-        if data.num_rows == 0:
-            return
-        if self.cluster is None:
-            dest.mkdir(parents=True)
-            pq.write_table(data, dest / "part-00000.parquet")
-            return
-        column = data.column(self.cluster.column)
-        if pa.types.is_date(column.type):
-            column = column.cast(pa.timestamp("s"))
-        keys = pc.strftime(column, format=_KEY_FORMATS[self.cluster.grain])
-        keys = pc.fill_null(keys, _NULL_KEY)
-        for key in pc.unique(keys).to_pylist():
-            part = data.filter(pc.equal(keys, key))
-            (dest / f"k={key}").mkdir(parents=True)
-            pq.write_table(part, dest / f"k={key}" / "part-00000.parquet")
 
     def _write_spark(self, df, dest: Path) -> None:
         from pyspark.sql import functions as F
@@ -623,7 +700,15 @@ class SparkDeltaTable(Table):
         rows = self.read().select(F.date_format(self.cluster.column, fmt).alias("k")).distinct().collect()
         return sorted(r["k"] for r in rows if r["k"] is not None)
 
+    def _staging_folder(self) -> Path:
+        return self.warehouse.state_dir() / "staging" / self.name / uuid.uuid4().hex
+
     def _frame(self, data):
+        if isinstance(data, Staged):
+            schema = schemas.spark_schema(self.name)
+            if not any(Path(data.folder).rglob("*.parquet")):
+                return self._spark().createDataFrame([], schema)
+            return self._spark().read.schema(schema).parquet(data.folder).select(*schema.fieldNames())
         if isinstance(data, pa.Table):
             return self._spark().createDataFrame(conform(data, self.arrow_schema).to_pandas(),
                                                  schemas.spark_schema(self.name))

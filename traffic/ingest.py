@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 import pyarrow as pa
@@ -20,8 +20,7 @@ from traffic import inbox as inbox_mod
 from traffic import jvm
 from traffic import state as st
 from traffic.clock import HOUR, advance, hour_floor, month_start
-from traffic.delta import Warehouse, cluster_key
-from traffic.records import PARSED_SCHEMA
+from traffic.delta import Warehouse, cluster_key, discard_staged, write_staged
 from traffic.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -124,8 +123,6 @@ def complete(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
 
 
 MIN_SPLIT_BYTES = 4 * 1024 * 1024
-#: Input bytes of a batch up to which its parsed rows are cached in memory (beyond: on local disk).
-CACHE_IN_MEMORY_BYTES = 256 * 1024 * 1024
 
 
 def _piece_bytes(size: int, split_bytes: int, parallelism: int) -> int:
@@ -179,31 +176,32 @@ def read_chunk(path: str, start: int, end: int, first_chunk_start: int) -> bytes
         return data
 
 
-def _parse_partition(settings_doc: dict):
-    """The function Spark runs on each task: read its chunks, parse them to Arrow batches."""
+_CHUNK_SCHEMA = ("chunk int, path string, source string, name string, format string, start long, `end` long, "
+                 "file_start long")
 
-    def parse(batches):
-        from traffic.readers import parse_bytes
-        from traffic.settings import build_settings
 
-        settings = build_settings(settings_doc)
-        for batch in batches:
-            for row in batch.to_pylist():
-                data = read_chunk(row["path"], row["start"], row["end"], row["file_start"])
-                table = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"],
-                                    settings=settings)
-                yield from table.to_batches(max_chunksize=200_000)
+def _run_tasks(spark, chunk_rows: list[dict], rules) -> dict[int, dict]:
+    """Run one parse task per chunk (Spark schedules them); returns each chunk's outcome row."""
+    from traffic.batch_tasks import OUTCOME_SCHEMA, task_function
 
-    return parse
+    frame = spark.createDataFrame(chunk_rows, _CHUNK_SCHEMA).repartition(max(1, len(chunk_rows)))
+    return {r["chunk"]: r.asDict() for r in frame.mapInArrow(task_function(rules), OUTCOME_SCHEMA).collect()}
+
+
+def _micros_to_time(value: int | None) -> datetime | None:
+    return None if value is None else datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=value)
 
 
 def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
-    """Execute a planned batch with Spark; every write is skipped if this batch already made it."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
+    """Execute a planned batch with Spark; every write is skipped if this batch already made it.
 
+    Spark runs the parse tasks (``traffic.batch_tasks``), which write raw detail straight to
+    staged parquet; the driver sums the tasks' small partial totals with Arrow and commits.
+    """
+    import pyarrow.compute as pc
+
+    from traffic import batch_tasks as B
     from traffic import panes as P
-    from traffic import transforms as T
 
     spark = warehouse.spark
     settings = warehouse.settings
@@ -226,122 +224,127 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
         progress("warning: local_networks is empty, so every captured packet is neither-local and rejected "
                  "(set TRAFFIC_LOCAL_NETWORKS, e.g. 10.0.0.0/8,2001:db8::/32)")
     chunk_rows = [
-        {"path": p, "source": s, "name": n, "format": fmt, "start": a, "end": b, "file_start": file_start[p]}
-        for p, s, n, fmt, a, b in chunks
+        {"chunk": i, "path": p, "source": s, "name": n, "format": fmt, "start": a, "end": b, "file_start": file_start[p]}
+        for i, (p, s, n, fmt, a, b) in enumerate(chunks)
     ]
-    chunk_schema = "path string, source string, name string, format string, start long, `end` long, file_start long"
-    settings_doc = {
-        "local_networks": list(settings.local_networks),
-        "keep_transit": settings.keep_transit,
-    }
-    parsed_schema = _spark_parsed_schema()
-    if chunk_rows:
-        chunk_df = spark.createDataFrame(chunk_rows, chunk_schema).repartition(max(1, len(chunk_rows)))
-        parsed = chunk_df.mapInArrow(_parse_partition(settings_doc), parsed_schema)
-    else:
-        parsed = spark.createDataFrame([], parsed_schema)
+    raw = {name: warehouse.table(name) for name in ("packets", "late_packets", "rejects")}
+    # A table this batch already committed to (a resumed batch) gets no staged files at all.
+    staged = {name: None if (table.txn_version(APP) or -1) >= batch_id else table.staging()
+              for name, table in raw.items()}
+    scratch = warehouse.scratch(f"batch-{batch_id}")
+    # The future bound uses the machine clock recorded in the plan; the history bound uses the
+    # newest record of the batch that passed the future bound. A restatement replaces a frozen
+    # range from the archive: its records are the range's new truth, never late.
+    rules = B.Rules(batch_id=batch_id, watermark_before=None if restate else before.watermark,
+                    future_limit=now + settings.max_future_skew, history_floor=None, time_range=time_range,
+                    packets=staged["packets"], late_packets=staged["late_packets"], scratch=str(scratch),
+                    settings_doc={"local_networks": list(settings.local_networks),
+                                  "keep_transit": settings.keep_transit})
+    outcomes = _run_tasks(spark, chunk_rows, rules) if chunk_rows else {}
+    newest = _micros_to_time(max((o["newest"] for o in outcomes.values() if o["newest"] is not None), default=None))
+    floor = B.history_floor(newest, settings.max_history)
+    if floor is not None:
+        floor_us = B.micros(floor)
+        redo = sorted(c for c, o in outcomes.items() if o["oldest"] is not None and o["oldest"] < floor_us)
+        if redo:
+            progress(f"batch {batch_id}: {len(redo)} parse task(s) hold records more than max_history before "
+                     f"the batch's newest ({newest.isoformat()}); judging them again")
+            for chunk in redo:
+                for name in ("packets", "late_packets"):
+                    if staged[name] is not None:
+                        discard_staged(staged[name], B.file_part(chunk, 0))
+            outcomes.update(_run_tasks(spark, [chunk_rows[c] for c in redo],
+                                       replace(rules, history_floor=floor, attempt=1)))
+    attempts = {chunk: o["attempt"] for chunk, o in outcomes.items()}
     changed = [f for f in files if f["status"] == inbox_mod.CHANGED]
-    if changed:
-        rejected_whole = pa.table({
-            "kind": ["reject"] * len(changed), "source": [f["source"] for f in changed],
-            "reason": [f["note"] for f in changed], "record": [f"file {f['name']}" for f in changed],
-            "input_file": [f["name"] for f in changed]})
-        from traffic.delta import conform
-
-        parsed = parsed.unionByName(spark.createDataFrame(conform(rejected_whole, PARSED_SCHEMA).to_pandas(),
-                                                          parsed_schema))
-    # Read back a few times. A big batch is kept on local disk, not in the JVM heap: a 30-day replay
-    # of 30 M records ran the 2 GB driver out of heap caching it in memory; a micro-batch stays fast.
-    big = sum(b - a for _, _, _, _, a, b in chunks) > CACHE_IN_MEMORY_BYTES
-    parsed = parsed.persist(StorageLevel.DISK_ONLY if big else StorageLevel.MEMORY_AND_DISK)
-
-    # Sanity bounds: the future bound uses the machine clock recorded in the plan; the history
-    # bound uses the newest record of the batch that passed the future bound.
-    future_limit = now + settings.max_future_skew
-    newest_row = parsed.where((F.col("kind") != "reject") & (F.col("ts") <= F.lit(future_limit))) \
-        .agg(F.max("ts").alias("newest")).collect()[0]
-    newest = newest_row["newest"]
-    newest = newest.replace(tzinfo=UTC) if newest is not None and newest.tzinfo is None else newest
-    floor = T.history_floor(newest, settings.max_history)
-    # A restatement replaces a frozen range from the archive: its records are the range's new truth, never late.
-    judged = T.classify(parsed, None if restate else before.watermark, future_limit, floor, time_range)
-    summary = st.rows(pa.Table.from_pylist([r.asDict() for r in T.batch_summary(judged).collect()]))
+    # A file that changed under its name is one reject: its old rows are counted, its new ones cannot be.
+    changed_rejects = pa.table({
+        "source": [f["source"] for f in changed], "input_file": [f["name"] for f in changed],
+        "record": [f"file {f['name']}" for f in changed], "reason": [f["note"] for f in changed],
+        "ts": pa.nulls(len(changed), B.REJECT_ROWS.field("ts").type)}, schema=B.REJECT_ROWS)
+    changed_summary = pa.table({
+        "fate": [B.REJECT] * len(changed), "source": changed_rejects.column("source"),
+        "pane": changed_rejects.column("ts"), "records": pa.array([1] * len(changed), pa.int64()),
+        "bytes": pa.array([0] * len(changed), pa.int64()), "max_ts": changed_rejects.column("ts")},
+        schema=B.SUMMARY)
+    summary = st.rows(B.combine_summary(pa.concat_tables([B.read_parts(str(scratch), "summary", attempts),
+                                                          changed_summary])))
     timings["read_parse"] = time.perf_counter() - clock
 
     counts = {fate: sum(r["records"] for r in summary if r["fate"] == fate)
-              for fate in (T.ON_TIME, T.LATE, T.TICK, T.LATE_TICK, T.REJECT, T.OUTSIDE)}
-    volume = {fate: sum(r["bytes"] for r in summary if r["fate"] == fate) for fate in (T.ON_TIME, T.LATE)}
+              for fate in (B.ON_TIME, B.LATE, B.TICK, B.LATE_TICK, B.REJECT, B.OUTSIDE)}
+    volume = {fate: sum(r["bytes"] for r in summary if r["fate"] == fate) for fate in (B.ON_TIME, B.LATE)}
     batch_clocks: dict[str, datetime] = {}
     for r in summary:
-        if r["fate"] not in (T.REJECT, T.OUTSIDE) and r["max_ts"] is not None:
+        if r["fate"] not in (B.REJECT, B.OUTSIDE) and r["max_ts"] is not None:
             batch_clocks[r["source"]] = max(r["max_ts"], batch_clocks.get(r["source"], r["max_ts"]))
-    on_time_hours = sorted({hour_floor(r["pane"]) for r in summary if r["fate"] == T.ON_TIME})
+    on_time_hours = sorted({hour_floor(r["pane"]) for r in summary if r["fate"] == B.ON_TIME})
     after = advance(before, batch_clocks, batch_id, settings.allowed_lateness, settings.source_timeout,
                     on_time_hours[0] if on_time_hours else None)
     reject_hour = hour_floor(after.watermark) if after.watermark else None
 
     clock = time.perf_counter()
-    packet_columns = ["ts", "source", "local_ip", "remote_ip", "local_port", "remote_port", "protocol", "bytes",
-                      "direction", "hour", "input_file"]
-    on_time = judged.where(F.col("fate") == T.ON_TIME).select(*packet_columns).withColumn("batch_id", F.lit(batch_id))
     if restate:
-        warehouse.table("packets").replace(on_time, keys=range_keys, txn=txn, op="restate")
-        warehouse.table("late_packets").delete_keys(range_keys, txn=txn, op="restate")
-    elif counts[T.ON_TIME]:
-        warehouse.table("packets").append(on_time, txn=txn, op="ingest")
-    if counts[T.LATE]:
-        late = judged.where(F.col("fate") == T.LATE).select(*packet_columns, "late_reason") \
-            .withColumn("batch_id", F.lit(batch_id))
-        warehouse.table("late_packets").append(late, txn=txn, op="ingest")
-    if counts[T.REJECT]:
-        rejects = judged.where(F.col("fate") == T.REJECT).select(
-            F.lit(batch_id).alias("batch_id"), "source", "input_file", "record", "reason", "ts",
-            F.lit(reject_hour).cast("timestamp").alias("hour"))
-        warehouse.table("rejects").append(rejects, txn=txn, op="ingest")
+        raw["packets"].replace(staged["packets"], keys=range_keys, txn=txn, op="restate")
+        raw["late_packets"].delete_keys(range_keys, txn=txn, op="restate")
+    elif counts[B.ON_TIME]:
+        raw["packets"].append(staged["packets"], txn=txn, op="ingest")
+    if counts[B.LATE]:
+        raw["late_packets"].append(staged["late_packets"], txn=txn, op="ingest")
+    if counts[B.REJECT] and staged["rejects"] is not None:
+        # Rejects are filed under the hour the watermark reached, known only now: written here, a chunk at a time.
+        for chunk, attempt in [*sorted(attempts.items()), (None, None)]:
+            rows = B.read_parts(str(scratch), "rejects", {chunk: attempt}) if chunk is not None else changed_rejects
+            rows = rows.append_column("batch_id", pa.repeat(pa.scalar(batch_id, pa.int64()), rows.num_rows)) \
+                       .append_column("hour", pa.repeat(pa.scalar(reject_hour, B.REJECT_ROWS.field("ts").type),
+                                                        rows.num_rows))
+            write_staged(rows, staged["rejects"], B.file_part(chunk, attempt) if chunk is not None else "part-changed")
+        raw["rejects"].append(staged["rejects"], txn=txn, op="ingest")
     timings["write_raw"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
     mapping = P.Mapping.of(settings.accounts_file)
+    hourly_parts = B.read_parts(str(scratch), "hourly", attempts)
+    pane_parts = B.read_parts(str(scratch), "panes", attempts)
     if restate:
-        warehouse.table("hourly").replace(T.hourly_totals(on_time, "final"), keys=range_keys, txn=txn, op="restate")
-        warehouse.table("panes").replace(P.pane_totals(on_time, mapping, "final"), keys=range_keys, txn=txn,
+        warehouse.table("hourly").replace(B.sum_hourly(hourly_parts, "final"), keys=range_keys, txn=txn, op="restate")
+        warehouse.table("panes").replace(P.pane_rows(pane_parts, mapping, "final"), keys=range_keys, txn=txn,
                                          op="restate")
     elif on_time_hours:
         keys = [cluster_key(h, "hour") for h in on_time_hours]
+        is_open = pc.field("status") == "open"
         hourly = warehouse.table("hourly")
-        existing = hourly.read(keys=keys).where(F.col("status") == "open")
-        merged = T.merge_open_hours(existing, T.hourly_totals(on_time, "open"))
-        hourly.replace(merged, keys=keys, txn=txn, op="ingest")
+        existing = hourly.read_arrow(keys=keys, filter=is_open).select(B.HOURLY_PARTS.names)
+        hourly.replace(B.sum_hourly(pa.concat_tables([hourly_parts, existing.cast(B.HOURLY_PARTS)]), "open"),
+                       keys=keys, txn=txn, op="ingest")
         # The panes of the same hours, kept the same way (their freeze recomputes them from raw detail).
         panes = warehouse.table("panes")
-        open_panes = panes.read(keys=keys).where(F.col("status") == "open")
-        panes.replace(P.merge_open_panes(open_panes, P.pane_totals(on_time, mapping, "open")), keys=keys, txn=txn,
-                      op="ingest")
+        panes.replace(P.pane_rows(pane_parts, mapping, "open", existing=panes.read_arrow(keys=keys, filter=is_open)),
+                      keys=keys, txn=txn, op="ingest")
     _write_panes(warehouse, summary, txn, replace_keys=range_keys)
     _grow_late_counters(warehouse, summary, txn)
     timings["write_hours"] = time.perf_counter() - clock
-
     clock = time.perf_counter()
     warehouse.table("clocks").overwrite(st.clock_table(after), txn=txn, op="ingest")
     result = BatchResult(
         batch_id=batch_id,
         files=sum(1 for f in files if f["status"] != inbox_mod.DUPLICATE),
         duplicate_files=sum(1 for f in files if f["status"] == inbox_mod.DUPLICATE),
-        records_read=sum(counts.values()) - counts[T.OUTSIDE],
-        records_skipped=counts[T.OUTSIDE],
-        packets_on_time=counts[T.ON_TIME],
-        packets_late=counts[T.LATE],
-        records_rejected=counts[T.REJECT],
-        ticks=counts[T.TICK] + counts[T.LATE_TICK],
-        bytes_on_time=volume[T.ON_TIME],
-        bytes_late=volume[T.LATE],
+        records_read=sum(counts.values()) - counts[B.OUTSIDE],
+        records_skipped=counts[B.OUTSIDE],
+        packets_on_time=counts[B.ON_TIME],
+        packets_late=counts[B.LATE],
+        records_rejected=counts[B.REJECT],
+        ticks=counts[B.TICK] + counts[B.LATE_TICK],
+        bytes_on_time=volume[B.ON_TIME],
+        bytes_late=volume[B.LATE],
         watermark_before=before.watermark,
         watermark_after=after.watermark,
     )
     batch_row = {
         "batch_id": batch_id,
         "mode": plan.get("mode", "ingest"),
-        "records_skipped": counts[T.OUTSIDE],
+        "records_skipped": counts[B.OUTSIDE],
         "bytes_withdrawn": plan.get("bytes_withdrawn", 0),
         "note": restate,
         "started_at": datetime.fromisoformat(plan["started_at"]),
@@ -357,15 +360,9 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     batches = warehouse.table("batches")
     batches.append(pa.Table.from_pylist([batch_row], schema=batches.arrow_schema), txn=txn, op="ingest")
     timings["commit_state"] = time.perf_counter() - clock
-    parsed.unpersist()
+    warehouse.drop_scratch(scratch)
     result.seconds = timings
     return result
-
-
-def _spark_parsed_schema():
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(PARSED_SCHEMA)
 
 
 def _hour_keys(start: datetime, end: datetime) -> list[str]:
@@ -381,7 +378,7 @@ def _write_panes(warehouse: Warehouse, summary: list[dict], txn, replace_keys: l
 
     With ``replace_keys`` (a restatement) the panes of those hours are replaced, not added to.
     """
-    from traffic.transforms import ON_TIME, TICK
+    from traffic.batch_tasks import ON_TIME, TICK
 
     fresh: dict[tuple[str, datetime], dict] = {}
     for r in summary:
@@ -412,7 +409,7 @@ def _write_panes(warehouse: Warehouse, summary: list[dict], txn, replace_keys: l
 
 def _grow_late_counters(warehouse: Warehouse, summary: list[dict], txn) -> None:
     """Late packets for already-closed periods grow those ledger rows' late counters (DESIGN §6)."""
-    from traffic.transforms import LATE
+    from traffic.batch_tasks import LATE
 
     late_by_hour: dict[datetime, list[int]] = {}
     for r in summary:

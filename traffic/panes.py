@@ -107,12 +107,30 @@ def pane_totals(packets: DataFrame, mapping: Mapping, status: str) -> DataFrame:
                    status)
 
 
-def merge_open_panes(existing_open: DataFrame, batch_panes: DataFrame) -> DataFrame:
-    """Open panes after a batch: the panes so far plus the batch's, per key."""
-    columns = [*KEY, "bytes", "packets"]
-    merged = existing_open.select(*columns).unionByName(batch_panes.select(*columns)).groupBy(*KEY).agg(
-        F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets"))
-    return _finish(merged, "open")
+def pane_rows(per_address, mapping: Mapping, status: str, existing=None):
+    """Arrow twin of ``pane_totals`` for ingest: per-address pane parts (plus ``existing`` pane rows) → pane rows.
+
+    ``per_address`` holds (pane_start, source, local_ip, direction, bytes, packets) sums, as the
+    ingest tasks leave them; the attribution is the same per-task function Spark runs above.
+    """
+    import pyarrow as pa
+
+    from traffic.batch_tasks import floor_to
+
+    amounts = [("bytes", "sum"), ("packets", "sum")]
+    summed = per_address.group_by(["pane_start", "source", "local_ip", "direction"], use_threads=False) \
+        .aggregate(amounts)
+    summed = summed.rename_columns([c.removesuffix("_sum") for c in summed.column_names])
+    attributed = pa.Table.from_batches(list(_attribute(mapping)(iter(summed.to_batches()))),
+                                       schema=summed.schema.append(pa.field("account", pa.string()))
+                                       .append(pa.field("mapping_version", pa.string())))
+    rows = attributed.select([*KEY, "bytes", "packets"])
+    if existing is not None:
+        rows = pa.concat_tables([rows, existing.select([*KEY, "bytes", "packets"]).cast(rows.schema)])
+    grouped = rows.group_by(list(KEY), use_threads=False).aggregate(amounts)
+    grouped = grouped.rename_columns([c.removesuffix("_sum") for c in grouped.column_names])
+    return grouped.append_column("hour", floor_to(grouped.column("pane_start"), 3_600_000_000)) \
+                  .append_column("status", pa.repeat(pa.scalar(status), grouped.num_rows))
 
 
 def _finish(panes: DataFrame, status: str) -> DataFrame:

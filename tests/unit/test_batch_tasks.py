@@ -1,0 +1,125 @@
+"""What an ingest task decides on its own: each record's fate, the texts of rejects and late rows, partial totals.
+
+These are the Arrow functions the parse tasks run on the executors (``traffic.batch_tasks``);
+the integration tests run them through Spark and compare every table with the reference model.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from traffic import batch_tasks as B
+from traffic.delta import Staged, write_staged
+from traffic.records import PARSED_SCHEMA
+
+UTC = timezone.utc
+W = datetime(2026, 11, 1, 12, tzinfo=UTC)  # watermark before the batch: hours before 12:00 are closed
+
+
+def _rules(**changes) -> B.Rules:
+    values = dict(batch_id=7, watermark_before=W, future_limit=datetime(2026, 11, 2, tzinfo=UTC),
+                  history_floor=datetime(2026, 10, 1, tzinfo=UTC), time_range=None, packets=None,
+                  late_packets=None, scratch="/nonexistent", settings_doc={})
+    values.update(changes)
+    return B.Rules(**values)
+
+
+def _parsed(rows: list[dict]) -> pa.Table:
+    base = {"source": "r1", "local_ip": "10.0.0.1", "remote_ip": "192.0.2.1", "local_port": 1000,
+            "remote_port": 443, "protocol": 6, "bytes": 100, "direction": "out", "input_file": "r1/a.csv"}
+    return pa.Table.from_pylist([{**base, **row} for row in rows], schema=PARSED_SCHEMA)
+
+
+def _names(parsed: pa.Table, rules: B.Rules) -> list[str]:
+    return B._FATE_NAMES.take(pa.array(B.fates(parsed, rules))).to_pylist()
+
+
+def test_each_record_gets_the_first_fate_of_the_chain():
+    parsed = _parsed([
+        {"kind": "reject", "ts": None, "reason": "bad", "record": "x"},
+        {"kind": "packet", "ts": datetime(2026, 11, 3, tzinfo=UTC)},           # beyond the future limit
+        {"kind": "packet", "ts": datetime(2026, 9, 1, tzinfo=UTC)},            # before the history floor
+        {"kind": "tick", "ts": datetime(2026, 11, 1, 11, 30, tzinfo=UTC)},     # its hour is closed
+        {"kind": "tick", "ts": datetime(2026, 11, 1, 12, 5, tzinfo=UTC)},
+        {"kind": "packet", "ts": datetime(2026, 11, 1, 11, 59, 59, 999999, tzinfo=UTC)},
+        {"kind": "packet", "ts": W},                                            # hour 12:00 is still open
+    ])
+    assert _names(parsed, _rules()) == ["reject", "reject", "reject", "late_tick", "tick", "late", "packet"]
+    # Without a history floor (a task's first pass) the old record is a packet; without a watermark nothing is late.
+    assert _names(parsed, _rules(history_floor=None, watermark_before=None)) == \
+        ["reject", "reject", "packet", "tick", "tick", "packet", "packet"]
+
+
+def test_outside_a_replay_range_comes_before_the_sanity_bounds():
+    parsed = _parsed([{"kind": "packet", "ts": datetime(2026, 11, 3, tzinfo=UTC)},
+                      {"kind": "packet", "ts": datetime(2026, 11, 1, 13, tzinfo=UTC)},
+                      {"kind": "packet", "ts": datetime(2026, 11, 1, 14, tzinfo=UTC)}])
+    rules = _rules(time_range=(datetime(2026, 11, 1, 13, tzinfo=UTC), datetime(2026, 11, 1, 14, tzinfo=UTC)),
+                   watermark_before=None)
+    assert _names(parsed, rules) == ["outside", "packet", "outside"]
+
+
+def test_reject_and_late_texts_name_the_time_the_bound_and_the_record():
+    parsed = _parsed([
+        {"kind": "packet", "ts": datetime(2026, 11, 3, 0, 0, 5, 123, tzinfo=UTC), "direction": None},
+        {"kind": "packet", "ts": datetime(2026, 9, 1, tzinfo=UTC), "local_port": None},
+        {"kind": "reject", "ts": None, "reason": "expected 8 fields", "record": "new,OP_INSERT"},
+        {"kind": "packet", "ts": datetime(2026, 11, 1, 11, 30, tzinfo=UTC)},
+    ])
+    parts = B.judge(parsed, _rules())
+    rejects = parts["rejects"].to_pylist()
+    assert [r["reason"] for r in rejects] == [
+        "time 2026-11-03T00:00:05.000123Z is more than the allowed future skew ahead of this machine's clock "
+        "(limit 2026-11-02T00:00:00+00:00)",
+        "time 2026-09-01T00:00:00.000000Z is more than max_history behind the newest record of its batch "
+        "(floor 2026-10-01T00:00:00+00:00)",
+        "expected 8 fields"]
+    # A sanity-bound reject keeps the record as text; a missing field is left out, as Spark's concat_ws does.
+    assert [r["record"] for r in rejects] == [
+        "2026-11-03T00:00:05.000123Z,r1,10.0.0.1,192.0.2.1,1000,443,6,100",
+        "2026-09-01T00:00:00.000000Z,r1,10.0.0.1,192.0.2.1,443,6,100,out",
+        "new,OP_INSERT"]
+    late = parts["late"].to_pylist()
+    assert [r["late_reason"] for r in late] == ["hour 2026-11-01T11:00Z was closed (watermark 2026-11-01T12:00:00+00:00)"]
+    assert late[0]["hour"] == datetime(2026, 11, 1, 11, tzinfo=UTC)
+    assert parts["packets"].num_rows == 0
+    summary = {(r["fate"], r["pane"]): (r["records"], r["bytes"]) for r in parts["summary"].to_pylist()}
+    assert summary == {("reject", datetime(2026, 11, 3, tzinfo=UTC)): (1, 100),
+                       ("reject", datetime(2026, 9, 1, tzinfo=UTC)): (1, 100),
+                       ("reject", None): (1, 100), ("late", datetime(2026, 11, 1, 11, 30, tzinfo=UTC)): (1, 100)}
+
+
+def test_hourly_parts_count_known_directions_only_and_sum_across_tasks():
+    hour = datetime(2026, 11, 1, 12, tzinfo=UTC)
+    parsed = _parsed([{"kind": "packet", "ts": hour + timedelta(minutes=m), "direction": d, "bytes": b}
+                      for m, d, b in ((1, "in", 10), (2, "out", 20), (3, None, 40), (4, "internal", 80))])
+    packets = B.judge(parsed, _rules())["packets"]
+    part = B.hourly_parts(packets)
+    assert part.to_pylist() == [{"hour": hour, "local_ip": "10.0.0.1", "remote_ip": "192.0.2.1", "bytes": 150,
+                                 "packets": 4, "bytes_in": 10, "bytes_out": 20}]
+    summed = B.sum_hourly(pa.concat_tables([part, part]), "open").to_pylist()
+    assert summed == [{"hour": hour, "local_ip": "10.0.0.1", "remote_ip": "192.0.2.1", "bytes": 300, "packets": 8,
+                       "bytes_in": 20, "bytes_out": 40, "day": date(2026, 11, 1), "status": "open"}]
+    panes = B.pane_parts(packets).to_pylist()
+    assert [(p["pane_start"], p["direction"], p["bytes"], p["packets"]) for p in panes] == [
+        (hour, "in", 10, 1), (hour, "out", 20, 1), (hour, None, 40, 1), (hour, "internal", 80, 1)]
+
+
+def test_staged_files_hold_one_cluster_key_each(tmp_path):
+    rows = pa.table({"ts": [datetime(2026, 11, 1, 10, 5, tzinfo=UTC), datetime(2026, 11, 1, 11, 0, tzinfo=UTC),
+                            datetime(2026, 11, 1, 10, 59, tzinfo=UTC)],
+                     "hour": [datetime(2026, 11, 1, 10, tzinfo=UTC), datetime(2026, 11, 1, 11, tzinfo=UTC),
+                              datetime(2026, 11, 1, 10, tzinfo=UTC)],
+                     "bytes": [1, 2, 3]})
+    assert write_staged(rows, Staged("packets", str(tmp_path)), "part-c00001-a0") == 3
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.parquet"))
+    assert files == ["k=2026-11-01T10/part-c00001-a0.parquet", "k=2026-11-01T11/part-c00001-a0.parquet"]
+    assert pq.read_table(tmp_path / files[0]).column("bytes").to_pylist() == [1, 3]
+    # Month keys group days; a missing key value goes to the null key.
+    months = pa.table({"month": [date(2026, 11, 1), date(2026, 12, 1), None], "bytes": [1, 2, 3]})
+    write_staged(months, Staged("monthly", str(tmp_path / "m")), "part")
+    assert sorted(p.parent.name for p in (tmp_path / "m").rglob("*.parquet")) == [
+        "k=2026-11", "k=2026-12", "k=__HIVE_DEFAULT_PARTITION__"]
