@@ -15,7 +15,7 @@ batch spanning more than ``max_history``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -118,9 +118,9 @@ def floor_to(ts: pa.Array | pa.ChunkedArray, unit_us: int) -> pa.Array:
     return pa.array(values // unit_us * unit_us, pa.int64(), mask=mask).cast(_TS)
 
 
-def judge(parsed: pa.Table, rules: Rules) -> dict[str, pa.Table]:
+def judge(parsed: pa.Table, rules: Rules, code: np.ndarray | None = None) -> dict[str, pa.Table]:
     """Split a parsed chunk by fate: ``packets``, ``late``, ``rejects`` rows and the ``summary``."""
-    code = fates(parsed, rules)
+    code = fates(parsed, rules) if code is None else code
     ts = parsed.column("ts")
     hour = floor_to(ts, _HOUR_US)
     with_hour = parsed.append_column("hour", hour)
@@ -222,7 +222,8 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
     parsed = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"], settings=settings)
     parsed = parsed.cast(PARSED_SCHEMA)
     del data
-    parts = judge(parsed, rules)
+    code = fates(parsed, rules)
+    parts = judge(parsed, rules, code)
     packets = parts["packets"].append_column("batch_id", pa.repeat(pa.scalar(rules.batch_id, pa.int64()),
                                                                     parts["packets"].num_rows))
     name = file_part(row["chunk"], rules.attempt)
@@ -238,7 +239,7 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
     _save(rules, "rejects", row["chunk"], parts["rejects"])
     # What the driver needs for the history bound: the newest record the bound is measured from
     # (not rejected, not too far in the future) and the oldest record the bound could reject.
-    code = fates(parsed, replace(rules, history_floor=None))
+    # (On the first pass, judged without a history floor, no record is too old yet.)
     ts = pc.fill_null(pc.cast(parsed.column("ts"), pa.int64()), NO_TIME).to_numpy()
     readable = (code != _REJECTED) & (ts != NO_TIME)
     anchors = ts[readable & (ts <= micros(rules.future_limit))]

@@ -4,7 +4,9 @@ Two engines write standard Delta tables:
 
 * ``rs`` — Spark (or Arrow, for small driver-side tables) writes parquet files into a fresh
   folder under the table root, then ``deltalake`` (delta-rs) commits them to the log. Works
-  offline; this is what CI runs.
+  offline; this is what CI runs. Ingest's parse tasks write raw detail themselves, on the
+  executors, into a folder the table hands out (``Table.staging`` → ``Staged``,
+  ``write_staged``); committing the handle adds those files.
 * ``spark`` — delta-spark (``DeltaTable``, ``replaceWhere``, ``txnAppId``/``txnVersion``),
   used where Delta Lake's jars are on Spark's classpath (the compose stack's image).
 

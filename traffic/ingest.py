@@ -133,6 +133,9 @@ def _piece_bytes(size: int, split_bytes: int, parallelism: int) -> int:
     pieces under ``MIN_SPLIT_BYTES``.
     """
     pieces = max(-(-size // split_bytes), min(parallelism, size // MIN_SPLIT_BYTES), 1)
+    rounds = -(-pieces // parallelism) * parallelism  # whole rounds: 11 tasks on 2 cores idle one for the last
+    if pieces > parallelism and size // rounds >= MIN_SPLIT_BYTES:
+        pieces = rounds
     return max(1, -(-size // pieces))
 
 

@@ -51,3 +51,6 @@ def test_a_file_just_over_split_bytes_is_not_one_task_and_a_sliver():
     piece = _piece_bytes(size, 64 * MiB, 4)
     assert -(-size // piece) == 4 and piece == -(-size // 4)
     assert _piece_bytes(3 * MiB, 64 * MiB, 4) == 3 * MiB  # small files stay whole
+    # The 10 M bench feed: 11 pieces of 64 MiB would leave one core idle for the last round; 12 do not.
+    big = 690 * 1000 * 1000
+    assert -(-big // _piece_bytes(big, 64 * MiB, 4)) == 12
