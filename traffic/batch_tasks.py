@@ -110,11 +110,11 @@ def fates(parsed: pa.Table, rules: Rules) -> np.ndarray:
 
 def floor_to(ts: pa.Array | pa.ChunkedArray, unit_us: int) -> pa.Array:
     """Timestamps floored to a whole number of ``unit_us`` (an hour, a 5-minute pane); nulls stay null."""
-    micros = pc.cast(ts, pa.int64())
-    if isinstance(micros, pa.ChunkedArray):
-        micros = micros.combine_chunks()
-    mask = pc.is_null(micros).to_numpy(zero_copy_only=False) if micros.null_count else None
-    values = pc.fill_null(micros, 0).to_numpy()
+    since_epoch = pc.cast(ts, pa.int64())
+    if isinstance(since_epoch, pa.ChunkedArray):
+        since_epoch = since_epoch.combine_chunks()
+    mask = pc.is_null(since_epoch).to_numpy(zero_copy_only=False) if since_epoch.null_count else None
+    values = pc.fill_null(since_epoch, 0).to_numpy()
     return pa.array(values // unit_us * unit_us, pa.int64(), mask=mask).cast(_TS)
 
 

@@ -276,6 +276,27 @@ def scenario_midnight() -> datetime:
     return today - timedelta(days=2)
 
 
+def await_scheduled_run(api: AirflowApi, dag_id: str, timeout: float = 60) -> None:
+    """Wait until the scheduler has made its own run of a just-unpaused DAG (the latest interval).
+
+    Creating a backfill while the scheduler was creating that run once crashed Airflow 3.3's
+    scheduler on SQLite (``StaleDataError`` updating ``dag_run``), and every backfill run then
+    stayed queued until the test timed out.
+    """
+    deadline = time.monotonic() + timeout
+    while not api.runs(dag_id, run_type="scheduled") and time.monotonic() < deadline:
+        time.sleep(1)
+
+
+def scheduler_alive(log: Path) -> None:
+    """Fail at once, with Airflow's own words, when the scheduler loop has died (nothing would run again)."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    crash = text.find("Exception when executing SchedulerJob._run_scheduler_loop")
+    if crash >= 0:
+        excerpt = [line for line in text[crash:].splitlines()[:60] if "Error" in line or "error" in line]
+        raise AssertionError("Airflow's scheduler died (so queued runs never start): " + " | ".join(excerpt[:5]))
+
+
 def create_backfill(api: AirflowApi, dag_id: str, first: datetime, last: datetime) -> dict:
     """POST /api/v2/backfills for the logical dates ``first``…``last``, one run at a time.
 
@@ -336,9 +357,11 @@ def hourly_backfill(airflow) -> Backfill:
     # Hourly close over those hours: Airflow's own backfill (REST API v2), one run at a time, in order.
     api.unpause("traffic_hourly")  # a backfill of a paused DAG never starts
     clock = time.monotonic()
+    await_scheduled_run(api, "traffic_hourly")
     backfill = create_backfill(api, "traffic_hourly", start, end - timedelta(hours=1))
     deadline = time.monotonic() + BACKFILL_TIMEOUT
     while api.get(f"/api/v2/backfills/{backfill['id']}")["completed_at"] is None:
+        scheduler_alive(airflow.log)
         if time.monotonic() > deadline:
             states = {r["dag_run_id"]: (r["state"], api.task_states("traffic_hourly", r["dag_run_id"]))
                       for r in api.runs("traffic_hourly", run_type="backfill")}
