@@ -8,8 +8,9 @@ the panes of the hours it touched), ``final`` once the hour is frozen (the freez
 them from the same raw detail it recomputes the hourly rows from, with the mapping in force
 then). Late packets never change panes.
 
-The functions here are pure transforms (Spark DataFrames; ``pane_rows`` is the Arrow twin ingest uses); the mapping travels to the
-executors as the text of the accounts file, parsed there once per task.
+The functions here are pure transforms (Spark DataFrames; ``pane_rows`` is the Arrow twin
+ingest uses); the mapping travels to the executors as the text of the accounts file, parsed
+there once per task.
 """
 
 from __future__ import annotations
