@@ -16,13 +16,14 @@ batch spanning more than ``max_history``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from traffic.clock import micros
 from traffic.records import PARSED_SCHEMA
 
 ON_TIME = "packet"
@@ -37,12 +38,12 @@ _REJECTED, _OUTSIDE, _TOO_NEW, _TOO_OLD, _LATE_TICK, _TICK, _LATE, _ON_TIME = ra
 _FATE_NAMES = pa.array([REJECT, OUTSIDE, REJECT, REJECT, LATE_TICK, TICK, LATE, ON_TIME], pa.string())
 _HOUR_US = 3_600_000_000
 _PANE_US = 300_000_000
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _TS = pa.timestamp("us", tz="UTC")
 NO_TIME = np.iinfo(np.int64).min
 
-#: What each task returns to the driver (through Spark), one row per chunk.
-OUTCOME_SCHEMA = "chunk int, attempt int, newest long, oldest long"
+#: What each task returns to the driver (through Spark), one row per chunk; times in epoch microseconds.
+OUTCOME = pa.schema([("chunk", pa.int32()), ("attempt", pa.int32()), ("newest", pa.int64()), ("oldest", pa.int64())])
+OUTCOME_DDL = ", ".join(f"{f.name} {'int' if f.type == pa.int32() else 'long'}" for f in OUTCOME)
 SUMMARY = pa.schema([("fate", pa.string()), ("source", pa.string()), ("pane", _TS), ("records", pa.int64()),
                      ("bytes", pa.int64()), ("max_ts", _TS)])
 HOURLY_PARTS = pa.schema([("hour", _TS), ("local_ip", pa.string()), ("remote_ip", pa.string()),
@@ -69,11 +70,6 @@ class Rules:
     scratch: str
     settings_doc: dict
     attempt: int = 0
-
-
-def micros(value: datetime) -> int:
-    """Microseconds since the epoch of an aware time (how tasks compare times)."""
-    return (value - _EPOCH) // timedelta(microseconds=1)
 
 
 def history_floor(newest: datetime | None, max_history: timedelta) -> datetime | None:
@@ -128,8 +124,8 @@ def judge(parsed: pa.Table, rules: Rules, code: np.ndarray | None = None) -> dic
     fate = _FATE_NAMES.take(pa.array(code))
     summary = pa.table({"fate": fate, "source": parsed.column("source"), "pane": pane,
                         "bytes": pc.fill_null(parsed.column("bytes"), 0), "ts": ts})
-    summary = summarise(summary.group_by(["fate", "source", "pane"], use_threads=False).aggregate(
-        [([], "count_all"), ("bytes", "sum"), ("ts", "max")]))
+    summary = group_sums(summary, ["fate", "source", "pane"],
+                         {"records": ([], "count_all"), "bytes": ("bytes", "sum"), "max_ts": ("ts", "max")}, SUMMARY)
 
     on_time = with_hour.filter(pa.array(code == _ON_TIME))
     late = with_hour.filter(pa.array(code == _LATE))
@@ -141,11 +137,15 @@ def judge(parsed: pa.Table, rules: Rules, code: np.ndarray | None = None) -> dic
     return {"packets": on_time, "late": late, "rejects": rejects, "summary": summary}
 
 
-def summarise(grouped: pa.Table) -> pa.Table:
-    """A grouped summary renamed to ``SUMMARY``'s columns."""
-    names = {"count_all": "records", "bytes_sum": "bytes", "ts_max": "max_ts", "records_sum": "records",
-             "max_ts_max": "max_ts"}
-    return grouped.rename_columns([names.get(c, c) for c in grouped.column_names]).select(SUMMARY.names).cast(SUMMARY)
+def group_sums(table: pa.Table, keys: list[str], outputs: dict[str, tuple], schema: pa.Schema | None = None) -> pa.Table:
+    """Group ``table`` by ``keys``; each output column is ``(input column, Arrow aggregation)``.
+
+    Returns the keys then the outputs, in that order, cast to ``schema`` when given.
+    """
+    grouped = table.group_by(keys, use_threads=False).aggregate(list(outputs.values()))
+    arrow_names = {"count_all" if column == [] else f"{column}_{how}": name for name, (column, how) in outputs.items()}
+    grouped = grouped.rename_columns([arrow_names.get(c, c) for c in grouped.column_names]).select([*keys, *outputs])
+    return grouped.select(schema.names).cast(schema) if schema is not None else grouped
 
 
 def _reject_rows(parsed: pa.Table, code: np.ndarray, rules: Rules) -> pa.Table:
@@ -184,12 +184,9 @@ def with_direction_bytes(packets: pa.Table) -> pa.Table:
 
 def hourly_parts(packets: pa.Table) -> pa.Table:
     """Per (hour, local_ip, remote_ip) totals of on-time packets."""
-    grouped = with_direction_bytes(packets).group_by(["hour", "local_ip", "remote_ip"], use_threads=False).aggregate(
-        [("bytes", "sum"), ([], "count_all"), ("bytes_in", "sum"), ("bytes_out", "sum")])
-    return grouped.rename_columns(
-        [{"bytes_sum": "bytes", "count_all": "packets", "bytes_in_sum": "bytes_in",
-          "bytes_out_sum": "bytes_out"}.get(c, c) for c in grouped.column_names]).select(HOURLY_PARTS.names) \
-        .cast(HOURLY_PARTS)
+    return group_sums(with_direction_bytes(packets), ["hour", "local_ip", "remote_ip"],
+                      {"bytes": ("bytes", "sum"), "packets": ([], "count_all"), "bytes_in": ("bytes_in", "sum"),
+                       "bytes_out": ("bytes_out", "sum")}, HOURLY_PARTS)
 
 
 def pane_parts(packets: pa.Table) -> pa.Table:
@@ -197,10 +194,8 @@ def pane_parts(packets: pa.Table) -> pa.Table:
     table = pa.table({"pane_start": floor_to(packets.column("ts"), _PANE_US), "source": packets.column("source"),
                       "local_ip": packets.column("local_ip"), "direction": packets.column("direction"),
                       "bytes": packets.column("bytes")})
-    grouped = table.group_by(["pane_start", "source", "local_ip", "direction"], use_threads=False).aggregate(
-        [("bytes", "sum"), ([], "count_all")])
-    return grouped.rename_columns([{"bytes_sum": "bytes", "count_all": "packets"}.get(c, c)
-                                   for c in grouped.column_names]).select(PANE_PARTS.names).cast(PANE_PARTS)
+    return group_sums(table, ["pane_start", "source", "local_ip", "direction"],
+                      {"bytes": ("bytes", "sum"), "packets": ([], "count_all")}, PANE_PARTS)
 
 
 def part_path(scratch: str, what: str, chunk: int, attempt: int) -> Path:
@@ -265,9 +260,7 @@ def task_function(rules: Rules):
         settings = build_settings(rules.settings_doc)
         for batch in batches:
             for row in batch.to_pylist():
-                outcome = run_chunk(row, rules, settings)
-                yield pa.RecordBatch.from_pylist([outcome], schema=pa.schema(
-                    [("chunk", pa.int32()), ("attempt", pa.int32()), ("newest", pa.int64()), ("oldest", pa.int64())]))
+                yield pa.RecordBatch.from_pylist([run_chunk(row, rules, settings)], schema=OUTCOME)
 
     return run
 
@@ -283,16 +276,13 @@ def read_parts(scratch: str, what: str, attempts: dict[int, int]) -> pa.Table:
 
 def combine_summary(parts: pa.Table) -> pa.Table:
     """Per (fate, source, pane) summary of the whole batch from the tasks' summaries."""
-    grouped = parts.group_by(["fate", "source", "pane"], use_threads=False).aggregate(
-        [("records", "sum"), ("bytes", "sum"), ("max_ts", "max")])
-    return summarise(grouped)
+    return group_sums(parts, ["fate", "source", "pane"],
+                      {"records": ("records", "sum"), "bytes": ("bytes", "sum"), "max_ts": ("max_ts", "max")}, SUMMARY)
 
 
 def sum_hourly(rows: pa.Table, status: str) -> pa.Table:
     """Per (hour, local_ip, remote_ip) sums of hourly rows or parts, as ``hourly`` rows with ``status``."""
-    amounts = ("bytes", "packets", "bytes_in", "bytes_out")
-    grouped = rows.select(["hour", "local_ip", "remote_ip", *amounts]).group_by(
-        ["hour", "local_ip", "remote_ip"], use_threads=False).aggregate([(c, "sum") for c in amounts])
-    grouped = grouped.rename_columns([c.removesuffix("_sum") for c in grouped.column_names])
+    grouped = group_sums(rows, ["hour", "local_ip", "remote_ip"],
+                         {c: (c, "sum") for c in ("bytes", "packets", "bytes_in", "bytes_out")})
     return grouped.append_column("day", pc.cast(grouped.column("hour"), pa.date32())) \
                   .append_column("status", pa.repeat(pa.scalar(status), grouped.num_rows))

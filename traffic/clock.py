@@ -12,6 +12,17 @@ from typing import Mapping
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
 PANE = timedelta(minutes=5)
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def micros(value: datetime) -> int:
+    """Microseconds since the epoch of an aware time (how Arrow and numpy code compares times)."""
+    return (value - EPOCH) // timedelta(microseconds=1)
+
+
+def from_micros(value: int) -> datetime:
+    """The aware UTC time ``value`` microseconds after the epoch."""
+    return EPOCH + timedelta(microseconds=int(value))
 
 
 def hour_floor(ts: datetime) -> datetime:

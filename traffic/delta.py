@@ -24,6 +24,7 @@ tests use to SIGKILL the process at any of them (``TRAFFIC_FAULT_AT``).
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import re
@@ -32,7 +33,7 @@ import signal
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -43,6 +44,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from traffic import schemas
+from traffic.clock import from_micros
 from traffic.settings import Settings
 
 PROTOCOL = (1, 2)
@@ -95,7 +97,6 @@ class Staged:
 
 
 _UNIT_US = {"hour": 3_600_000_000, "day": 86_400_000_000, "month": 86_400_000_000}
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def _key_groups(column: pa.ChunkedArray | pa.Array, grain: str) -> tuple[np.ndarray, list[str]]:
@@ -108,7 +109,7 @@ def _key_groups(column: pa.ChunkedArray | pa.Array, grain: str) -> tuple[np.ndar
     floored = pc.fill_null(micros, null).to_numpy()
     floored = np.where(floored == null, null, floored // _UNIT_US[grain] * _UNIT_US[grain])
     distinct, index = np.unique(floored, return_inverse=True)
-    keys = [_NULL_KEY if v == null else cluster_key(_EPOCH + timedelta(microseconds=int(v)), grain) for v in distinct]
+    keys = [_NULL_KEY if v == null else cluster_key(from_micros(v), grain) for v in distinct]
     if grain == "month":  # several days share a month: merge their groups
         names = sorted(set(keys))
         index = np.array([names.index(k) for k in keys], dtype=np.int64)[index]
@@ -243,7 +244,7 @@ class Warehouse:
             self.table(name).create()
 
 
-class Table:
+class Table(abc.ABC):
     """Operations every engine offers on one table."""
 
     def __init__(self, warehouse: Warehouse, name: str):
@@ -261,8 +262,9 @@ class Table:
         """A fresh folder for files to be committed later (``append``/``replace`` the returned handle)."""
         return Staged(self.name, str(self._staging_folder()))
 
+    @abc.abstractmethod
     def _staging_folder(self) -> Path:
-        raise NotImplementedError
+        """Where this engine stages files before a commit."""
 
     def _check_keys(self, keys: Iterable[str | None]) -> list[str | None]:
         keys = list(keys)

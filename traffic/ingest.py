@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Callable
 
 import pyarrow as pa
@@ -19,7 +19,7 @@ import pyarrow as pa
 from traffic import inbox as inbox_mod
 from traffic import jvm
 from traffic import state as st
-from traffic.clock import HOUR, advance, hour_floor, month_start
+from traffic.clock import HOUR, advance, from_micros, hour_floor, micros, month_start
 from traffic.delta import Warehouse, cluster_key, discard_staged, write_staged
 from traffic.settings import Settings
 
@@ -185,14 +185,10 @@ _CHUNK_SCHEMA = ("chunk int, path string, source string, name string, format str
 
 def _run_tasks(spark, chunk_rows: list[dict], rules) -> dict[int, dict]:
     """Run one parse task per chunk (Spark schedules them); returns each chunk's outcome row."""
-    from traffic.batch_tasks import OUTCOME_SCHEMA, task_function
+    from traffic.batch_tasks import OUTCOME_DDL, task_function
 
     frame = spark.createDataFrame(chunk_rows, _CHUNK_SCHEMA).repartition(max(1, len(chunk_rows)))
-    return {r["chunk"]: r.asDict() for r in frame.mapInArrow(task_function(rules), OUTCOME_SCHEMA).collect()}
-
-
-def _micros_to_time(value: int | None) -> datetime | None:
-    return None if value is None else datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=value)
+    return {r["chunk"]: r.asDict() for r in frame.mapInArrow(task_function(rules), OUTCOME_DDL).collect()}
 
 
 def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
@@ -244,10 +240,11 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
                     settings_doc={"local_networks": list(settings.local_networks),
                                   "keep_transit": settings.keep_transit})
     outcomes = _run_tasks(spark, chunk_rows, rules) if chunk_rows else {}
-    newest = _micros_to_time(max((o["newest"] for o in outcomes.values() if o["newest"] is not None), default=None))
+    newest_us = max((o["newest"] for o in outcomes.values() if o["newest"] is not None), default=None)
+    newest = from_micros(newest_us) if newest_us is not None else None
     floor = B.history_floor(newest, settings.max_history)
     if floor is not None:
-        floor_us = B.micros(floor)
+        floor_us = micros(floor)
         redo = sorted(c for c, o in outcomes.items() if o["oldest"] is not None and o["oldest"] < floor_us)
         if redo:
             progress(f"batch {batch_id}: {len(redo)} parse task(s) hold records more than max_history before "

@@ -16,17 +16,15 @@ there once per task.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from traffic.accounts import AccountMap, load_accounts, parse_accounts
+from traffic.clock import micros
 
 KEY = ("pane_start", "source", "account", "direction", "mapping_version")
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_MICRO = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -72,7 +70,7 @@ def _attribute(mapping: Mapping):
 
         accounts = mapping.load()
         versions = (NO_ACCOUNTS, *accounts.versions)
-        starts_us = np.array([(v.effective_from - _EPOCH) // _MICRO for v in accounts.versions], dtype=np.int64)
+        starts_us = np.array([micros(v.effective_from) for v in accounts.versions], dtype=np.int64)
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -116,20 +114,17 @@ def pane_rows(per_address, mapping: Mapping, status: str, existing=None):
     """
     import pyarrow as pa
 
-    from traffic.batch_tasks import floor_to
+    from traffic.batch_tasks import floor_to, group_sums
 
-    amounts = [("bytes", "sum"), ("packets", "sum")]
-    summed = per_address.group_by(["pane_start", "source", "local_ip", "direction"], use_threads=False) \
-        .aggregate(amounts)
-    summed = summed.rename_columns([c.removesuffix("_sum") for c in summed.column_names])
+    amounts = {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")}
+    summed = group_sums(per_address, ["pane_start", "source", "local_ip", "direction"], amounts)
     attributed = pa.Table.from_batches(list(_attribute(mapping)(iter(summed.to_batches()))),
                                        schema=summed.schema.append(pa.field("account", pa.string()))
                                        .append(pa.field("mapping_version", pa.string())))
     rows = attributed.select([*KEY, "bytes", "packets"])
     if existing is not None:
         rows = pa.concat_tables([rows, existing.select([*KEY, "bytes", "packets"]).cast(rows.schema)])
-    grouped = rows.group_by(list(KEY), use_threads=False).aggregate(amounts)
-    grouped = grouped.rename_columns([c.removesuffix("_sum") for c in grouped.column_names])
+    grouped = group_sums(rows, list(KEY), amounts)
     return grouped.append_column("hour", floor_to(grouped.column("pane_start"), 3_600_000_000)) \
                   .append_column("status", pa.repeat(pa.scalar(status), grouped.num_rows))
 
