@@ -276,18 +276,6 @@ def scenario_midnight() -> datetime:
     return today - timedelta(days=2)
 
 
-def await_scheduled_run(api: AirflowApi, dag_id: str, timeout: float = 60) -> None:
-    """Wait until the scheduler has made its own run of a just-unpaused DAG (the latest interval).
-
-    Creating a backfill while the scheduler was creating that run once crashed Airflow 3.3's
-    scheduler on SQLite (``StaleDataError`` updating ``dag_run``), and every backfill run then
-    stayed queued until the test timed out.
-    """
-    deadline = time.monotonic() + timeout
-    while not api.runs(dag_id, run_type="scheduled") and time.monotonic() < deadline:
-        time.sleep(1)
-
-
 def scheduler_alive(log: Path) -> None:
     """Fail at once, with Airflow's own words, when the scheduler loop has died (nothing would run again)."""
     text = log.read_text(errors="replace") if log.exists() else ""
@@ -355,10 +343,12 @@ def hourly_backfill(airflow) -> Backfill:
     seconds["ingest"] = time.monotonic() - clock
 
     # Hourly close over those hours: Airflow's own backfill (REST API v2), one run at a time, in order.
-    api.unpause("traffic_hourly")  # a backfill of a paused DAG never starts
+    # Created while the DAG is still paused, then unpaused (a backfill of a paused DAG never starts):
+    # creating it beside the scheduler's own work on a just-unpaused DAG crashed Airflow 3.3's
+    # scheduler on SQLite twice (StaleDataError, then a foreign-key error on a half-made backfill).
     clock = time.monotonic()
-    await_scheduled_run(api, "traffic_hourly")
     backfill = create_backfill(api, "traffic_hourly", start, end - timedelta(hours=1))
+    api.unpause("traffic_hourly")
     deadline = time.monotonic() + BACKFILL_TIMEOUT
     while api.get(f"/api/v2/backfills/{backfill['id']}")["completed_at"] is None:
         scheduler_alive(airflow.log)
