@@ -127,8 +127,9 @@ def judge(parsed: pa.Table, rules: Rules, code: np.ndarray | None = None) -> dic
     summary = group_sums(summary, ["fate", "source", "pane"],
                          {"records": ([], "count_all"), "bytes": ("bytes", "sum"), "max_ts": ("ts", "max")}, SUMMARY)
 
-    on_time = with_hour.filter(pa.array(code == _ON_TIME))
-    late = with_hour.filter(pa.array(code == _LATE))
+    # (A chunk that is all on time, the usual case, is not copied.)
+    on_time = with_hour if (code == _ON_TIME).all() else with_hour.filter(pa.array(code == _ON_TIME))
+    late = with_hour.filter(pa.array(code == _LATE)) if (code == _LATE).any() else with_hour.schema.empty_table()
     if late.num_rows:
         closed = f" was closed (watermark {rules.watermark_before.isoformat() if rules.watermark_before else ''})"
         late = late.append_column("late_reason", pc.binary_join_element_wise(

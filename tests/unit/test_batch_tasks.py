@@ -123,3 +123,15 @@ def test_staged_files_hold_one_cluster_key_each(tmp_path):
     write_staged(months, Staged("monthly", str(tmp_path / "m")), "part")
     assert sorted(p.parent.name for p in (tmp_path / "m").rglob("*.parquet")) == [
         "k=2026-11", "k=2026-12", "k=__HIVE_DEFAULT_PARTITION__"]
+
+
+def test_rows_in_time_order_are_split_by_key_the_same_way(tmp_path):
+    hours = [datetime(2026, 11, 1, h, tzinfo=UTC) for h in (9, 9, 10, 12, 12, 12)]
+    rows = pa.table({"ts": hours, "hour": hours, "local_ip": ["10.0.0.1"] * 6, "bytes": [1, 2, 3, 4, 5, 6]})
+    write_staged(rows, Staged("packets", str(tmp_path)), "part")
+    by_key = {p.parent.name: pq.read_table(p).column("bytes").to_pylist() for p in tmp_path.rglob("*.parquet")}
+    assert by_key == {"k=2026-11-01T09": [1, 2], "k=2026-11-01T10": [3], "k=2026-11-01T12": [4, 5, 6]}
+    # Raw detail keeps statistics only for the columns it is filtered by (time and batch).
+    columns = pq.read_metadata(tmp_path / "k=2026-11-01T12" / "part.parquet").row_group(0)
+    stats = {columns.column(i).path_in_schema: columns.column(i).is_stats_set for i in range(columns.num_columns)}
+    assert stats["ts"] and stats["hour"] and stats["batch_id"] and not stats["local_ip"]

@@ -91,3 +91,19 @@ def test_a_garbage_first_line_does_not_turn_a_router_feed_into_a_rejected_header
     head = b"garbage\nnew,OP_INSERT,1793564280016491\n"
     assert detect_format("part-7.csv", head) == ROUTER_FEED
     assert detect_format("x.csv", b'"ts","local_ip","remote_ip","bytes"\n') == CSV_HEADER
+
+
+@pytest.mark.parametrize("data", [b"", b"plain", "h\u00e9llo \U0001d11e".encode(), b"a\x00b", b"\xff\xfe",
+                                  b"ok\n\xc3", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe0\x80\xaf", b"\xf4\x90\x80\x80",
+                                  b"\xf0\x9d\x84", b"\x80"])
+def test_the_utf8_check_agrees_with_python_on_every_edge(data):
+    """Arrow checks a chunk's UTF-8 without decoding it; it must reject exactly what Python rejects
+    (surrogates, overlong forms, code points past U+10FFFF, cut sequences, stray continuation bytes)."""
+    from traffic.readers import _is_utf8
+
+    try:
+        data.decode("utf-8")
+        valid = True
+    except UnicodeDecodeError:
+        valid = False
+    assert _is_utf8(data) is valid
