@@ -15,7 +15,7 @@ Bills are computed on the driver from Arrow reads (a month of panes is small), s
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -83,28 +83,46 @@ def _period_state(warehouse: Warehouse, period: BillingPeriod) -> tuple[bool, in
     return done == len(needed), len(needed), done
 
 
-def final_panes(warehouse: Warehouse, period: BillingPeriod) -> pa.Table:
-    """The period's final panes, summed over sources: pane_start, account, direction, bytes, mapping_version."""
-    table = warehouse.table("panes")
-    start = pa.scalar(period.start_utc, pa.timestamp("us", tz="UTC"))
-    end = pa.scalar(period.end_utc, pa.timestamp("us", tz="UTC"))
-    wanted = ((pc.field("status") == "final") & (pc.field("pane_start") >= start) & (pc.field("pane_start") < end))
-    rows = table.read_arrow(key_min=cluster_key(hour_floor(period.start_utc), "hour"),
-                            key_max=cluster_key(_ceil_hour(period.end_utc), "hour"),
-                            columns=["pane_start", "account", "direction", "bytes", "mapping_version"], filter=wanted)
+#: The columns of ``panes`` a bill is computed from.
+BILL_COLUMNS = ["pane_start", "account", "direction", "bytes", "mapping_version"]
+
+
+def read_final_panes(warehouse: Warehouse, key_min: str | None = None, key_max: str | None = None) -> pa.Table:
+    """The final pane rows (``BILL_COLUMNS``) of the hour keys from ``key_min`` to ``key_max``."""
+    return warehouse.table("panes").read_arrow(key_min=key_min, key_max=key_max, columns=BILL_COLUMNS,
+                                               filter=pc.field("status") == "final")
+
+
+def final_panes(warehouse: Warehouse, period: BillingPeriod, rows: pa.Table | None = None) -> pa.Table:
+    """The period's final panes, summed over sources: pane_start, account, direction, bytes, mapping_version.
+
+    ``rows`` are final pane rows already read that cover the period (``read_final_panes``); without
+    them, the period's hours are read.
+    """
+    if rows is None:
+        rows = read_final_panes(warehouse, cluster_key(hour_floor(period.start_utc), "hour"),
+                                cluster_key(_ceil_hour(period.end_utc), "hour"))
+    stamp = pa.timestamp("us", tz="UTC")
+    start, end = pa.scalar(period.start_utc, stamp), pa.scalar(period.end_utc, stamp)
+    when = rows.column("pane_start")
+    rows = rows.filter(pc.and_(pc.greater_equal(when, start), pc.less(when, end)))
     return rows.group_by(["pane_start", "account", "direction", "mapping_version"], use_threads=False) \
         .aggregate([("bytes", "sum")]).rename_columns(["pane_start", "account", "direction", "mapping_version",
                                                        "bytes"])
 
 
-def compute_period(warehouse: Warehouse, label: str, account: str | None = None) -> PeriodBills:
-    """The bills of period ``label`` (all accounts, or one) from final panes, and whether they are final."""
+def compute_period(warehouse: Warehouse, label: str, account: str | None = None,
+                   panes: pa.Table | None = None) -> PeriodBills:
+    """The bills of period ``label`` (all accounts, or one) from final panes, and whether they are final.
+
+    ``panes`` is the period's ``final_panes`` when the caller has them already.
+    """
     from traffic.panes import account_map
 
     settings = warehouse.settings
     period = billing_cycle(settings).period_for(label)
     final, needed, done = _period_state(warehouse, period)
-    panes = st.rows(final_panes(warehouse, period))
+    panes = st.rows(final_panes(warehouse, period) if panes is None else panes)
     mapping = account_map(settings)
     first_seen: dict[str, datetime] = {}
     for row in panes:

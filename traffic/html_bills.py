@@ -10,18 +10,21 @@ CSS and SVG, no script, no network, exact values in ``data-*`` attributes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic import state as st
-from traffic.bills import account_totals, bill_rows, billing_cycle, compute_period, final_panes
+from traffic.bills import account_totals, bill_rows, billing_cycle, compute_period, final_panes, read_final_panes
 from traffic.billing import PANE_SECONDS, BillingPeriod, rate_bps
-from traffic.clock import hour_floor
+from traffic.clock import hour_floor, next_month
 from traffic.delta import Warehouse, cluster_key
 from traffic.html_report import CSS, _e, _num, human_bytes
 
@@ -29,6 +32,8 @@ from traffic.html_report import CSS, _e, _num, human_bytes
 #: the greatest rate of the panes in each column, so the page stays small and no spike is lost.
 PLOT_WIDTH = 870
 DIRECTION_COLOURS = {"in": "#1f5f99", "out": "#d9822b"}
+#: Part of every ``DerivedCache`` fingerprint here: change it when a chart or the monthly totals change form.
+CACHE_FORMAT = 1
 BILL_CSS = """
 .chart .rate{fill:none;stroke-width:1}.chart .p95{stroke-width:1.5;stroke-dasharray:6 3}
 .chart .pl{font-size:11px;font-weight:600}.badge.final{background:#2f7d4f}.badge.provisional{background:#c98a00}
@@ -44,6 +49,7 @@ class PeriodPage:
     rows: list[dict]
     status: str  # final (stored), unstored (closed, not stored yet) or provisional
     note: str
+    panes: pa.Table | None = None  # the period's final panes (``final_panes``), when already read
 
 
 def human_bps(value: float) -> str:
@@ -79,33 +85,40 @@ def bill_periods(warehouse: Warehouse) -> list[PeriodPage]:
                         "final: stored when the period closed")
              for (start, end), rows in sorted(stored.items())]
     # As the close does: billing resumes where the stored bills end, so only later panes are read
-    # (reading every final pane's start made each report slower as history grew).
-    billed_until = max((end for _, end in stored), default=None)
-    after = cluster_key(hour_floor(billed_until), "hour") if billed_until else None
-    starts = warehouse.table("panes").read_arrow(key_min=after, columns=["pane_start"],
-                                                 filter=pc.field("status") == "final")
-    if starts.num_rows == 0:
-        return pages
-    bounds = pc.min_max(starts.column("pane_start")).as_py()
-    first = max(bounds["min"], billed_until) if billed_until else bounds["min"]
+    # (reading every final pane's start made each report slower as history grew). They are read
+    # once, from the start of the period billing resumes in, for every page after the stored ones.
     cycle = billing_cycle(warehouse.settings)
+    billed_until = max((end for _, end in stored), default=None)
+    resume = cycle.period_containing(billed_until).start_utc if billed_until else None
+    rows = read_final_panes(warehouse, key_min=cluster_key(hour_floor(resume), "hour") if resume else None)
+    starts = rows.column("pane_start")
+    if billed_until:
+        starts = starts.filter(pc.greater_equal(starts, pa.scalar(hour_floor(billed_until), starts.type)))
+    if len(starts) == 0:
+        return pages
+    bounds = pc.min_max(starts).as_py()
+    first = max(bounds["min"], billed_until) if billed_until else bounds["min"]
     period = cycle.period_containing(first)
     while period.start_utc <= bounds["max"]:
-        result = compute_period(warehouse, period.label)
+        panes = final_panes(warehouse, period, rows)
+        result = compute_period(warehouse, period.label, panes=panes)
         if result.final:
             status, note = "unstored", "final (every hour is published) but not stored yet: the next close stores it"
         else:
             status, note = "provisional", (f"provisional: {result.hours_final} of {result.hours_needed} hour(s) "
                                            f"final; computed from the final panes so far, not stored")
-        pages.append(PeriodPage(result.period, bill_rows(result), status, note))
+        pages.append(PeriodPage(result.period, bill_rows(result), status, note, panes))
         period = cycle.period_containing(period.end_utc)
     return pages
 
 
-def rate_series(warehouse: Warehouse, period: BillingPeriod, unknown_direction: str) -> dict[str | None, dict]:
-    """Per account, the bytes per pane index of the billed inbound and outbound series (as ``compute_bill``)."""
+def rate_series(panes: pa.Table, period: BillingPeriod, unknown_direction: str) -> dict[str | None, dict]:
+    """Per account, the bytes per pane index of the billed inbound and outbound series (as ``compute_bill``).
+
+    ``panes`` is the period's ``final_panes``.
+    """
     series: dict[str | None, dict] = defaultdict(lambda: {"in": defaultdict(int), "out": defaultdict(int)})
-    for row in st.rows(final_panes(warehouse, period)):
+    for row in st.rows(panes):
         index = period.pane_index(row["pane_start"])
         direction = row["direction"]
         targets = [direction] if direction in ("in", "out") else []
@@ -246,9 +259,8 @@ def _page(title: str, meta: str, body: str, depth: int) -> str:
             f'<main>{body}</main></body></html>')
 
 
-def bill_page(page: PeriodPage, row: dict, series: dict[str, dict[int, int]], totals: list[dict],
-              generated: datetime) -> str:
-    """One account's bill for one period."""
+def bill_page(page: PeriodPage, row: dict, chart: str, totals: list[dict], generated: datetime) -> str:
+    """One account's bill for one period (``chart``: its ``rate_chart``)."""
     period = page.period
     cards = (f'<div class="cards"><div class="card"><b data-bytes="{row["bytes_in"]}">{_e(human_bytes(row["bytes_in"]))}'
              f'</b><span>in</span></div><div class="card"><b data-bytes="{row["bytes_out"]}">'
@@ -260,7 +272,7 @@ def bill_page(page: PeriodPage, row: dict, series: dict[str, dict[int, int]], to
              f'{_e(row["billing_rule"])})</span></div></div>')
     meta = (f'{period.start_utc:%Y-%m-%d %H:%M} → {period.end_utc:%Y-%m-%d %H:%M} UTC · {_badge(page.status)} '
             f'{_e(page.note)} · generated {generated:%Y-%m-%d %H:%M} UTC')
-    body = (cards + '<section id="rate-chart"><h2>Rate per 5-minute pane</h2>' + rate_chart(series, row, period)
+    body = (cards + '<section id="rate-chart"><h2>Rate per 5-minute pane</h2>' + chart
             + '<p class="note">The 95th percentile of a direction is the pane at rank ⌈0.95·N⌉ of the N panes of '
               'the period sorted by size (missing panes are 0); the billable rate is the larger of the two (rule '
               '<code>max</code>) or their sum (<code>sum</code>).</p></section>'
@@ -286,23 +298,39 @@ def bills_table(pages: list[PeriodPage], prefix: str) -> str:
 
 
 def write_bill_pages(warehouse: Warehouse, out: Path, generated: datetime) -> list[PeriodPage]:
-    """Write ``out/bills/index.html`` and one page per (period, account); remove pages no longer produced."""
+    """Write ``out/bills/index.html`` and one page per (period, account); remove pages no longer produced.
+
+    What only changes when a month is rolled up or a period's bills are stored (the accounts' monthly
+    totals, the rate charts of stored bills) is kept in ``out/.cache`` (``DerivedCache``), so a report
+    reads the final panes of the open period only, however long the history.
+    """
     pages = bill_periods(warehouse)
     folder = out / "bills"
     folder.mkdir(parents=True, exist_ok=True)
-    totals = st.rows(account_totals(warehouse, "month"))
+    cache = DerivedCache(out / ".cache")
+    totals = account_month_totals(warehouse, cache)
     written = set()
     for page in pages:
         by_rule: dict[str, dict] = {}
-        for row in page.rows:
+
+        def chart(row: dict, page: PeriodPage = page, by_rule: dict = by_rule) -> str:
             unknown = row["billing_unknown_direction"]
             if unknown not in by_rule:
-                by_rule[unknown] = rate_series(warehouse, page.period, unknown)
-            series = by_rule[unknown][row["account"]]
+                if page.panes is None:
+                    page.panes = final_panes(warehouse, page.period)
+                by_rule[unknown] = rate_series(page.panes, page.period, unknown)
+            return rate_chart(by_rule[unknown][row["account"]], row, page.period)
+
+        for row in page.rows:
+            name = page_name(row["account"])
+            # A stored bill's chart changes only if its stored row does.
+            svg = cache.text(f"chart-{page.period.label}-{name}.svg", [CACHE_FORMAT, row], lambda: chart(row)) \
+                if page.status == "final" else chart(row)
             mine = [r for r in totals if r["account"] == row["account"]]
-            path = folder / page.period.label / page_name(row["account"])
-            _write(path, bill_page(page, row, series, mine, generated))
+            path = folder / page.period.label / name
+            _write(path, bill_page(page, row, svg, mine, generated))
             written.add(path)
+    cache.forget_unused()
     _write(folder / "index.html", _page(
         "Bills", f'per account and billing period · generated {generated:%Y-%m-%d %H:%M} UTC',
         '<section id="bills"><h2>Bills</h2>' + bills_table(pages, "") + '<p class="note">Final bills are the stored '
@@ -313,6 +341,73 @@ def write_bill_pages(warehouse: Warehouse, out: Path, generated: datetime) -> li
         if stale not in written:
             stale.unlink()
     return pages
+
+
+def account_month_totals(warehouse: Warehouse, cache: "DerivedCache") -> list[dict]:
+    """``account_totals(warehouse, "month")``, each rolled-up month computed once and kept in ``cache``
+    (keyed by the month's ledger row, so a month rolled up again is computed again)."""
+    parts = [cache.table(f"account-month-{row['period_start']:%Y-%m}.arrow", [CACHE_FORMAT, row],
+                         lambda row=row: account_totals(warehouse, "month", row["period_start"],
+                                                        next_month(row["period_start"])))
+             for row in sorted(st.read_ledger(warehouse, "month"), key=lambda r: r["period_start"])]
+    return [row for part in parts for row in st.rows(part)]
+
+
+class DerivedCache:
+    """Things the report derives from data that seldom changes, each stored with a fingerprint of its inputs.
+
+    ``text``/``table`` return the stored value when the fingerprint of ``inputs`` (any JSON-able
+    value) matches, else make, store and return it. Entries not asked for in a run are removed by
+    ``forget_unused``. Deleting the folder only costs the next report the time to rebuild it.
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.used: set[str] = set()
+
+    @staticmethod
+    def fingerprint(inputs) -> str:
+        return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+
+    def text(self, name: str, inputs, make) -> str:
+        path, fingerprint = self._entry(name), self.fingerprint(inputs)
+        try:
+            stored, _, value = path.read_text(encoding="utf-8").partition("\n")
+            if stored == fingerprint:
+                return value
+        except OSError:
+            pass
+        value = make()
+        _write(path, f"{fingerprint}\n{value}")
+        return value
+
+    def table(self, name: str, inputs, make) -> pa.Table:
+        import pyarrow.feather as feather
+
+        path, fingerprint = self._entry(name), self.fingerprint(inputs)
+        try:
+            stored = feather.read_table(str(path), memory_map=False)
+            if (stored.schema.metadata or {}).get(b"fingerprint") == fingerprint.encode():
+                return stored.replace_schema_metadata(None)
+        except (OSError, pa.ArrowInvalid):
+            pass
+        value = make()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        feather.write_feather(value.replace_schema_metadata({"fingerprint": fingerprint}), str(tmp),
+                              compression="uncompressed")
+        tmp.replace(path)
+        return value
+
+    def _entry(self, name: str) -> Path:
+        self.used.add(name)
+        return self.folder / name
+
+    def forget_unused(self) -> None:
+        if self.folder.exists():
+            for path in self.folder.iterdir():
+                if path.name not in self.used:
+                    path.unlink()
 
 
 def _write(path: Path, text: str) -> None:

@@ -8,7 +8,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic import state as st
-from traffic.clock import HOUR
 from traffic.delta import StorageError, Warehouse
 from traffic.inbox import Journal
 from traffic.schemas import TABLES

@@ -229,6 +229,36 @@ def test_traffic_report_top_last_chooses_the_window(run, capsys):
     assert "--top-last must be a positive duration" in capsys.readouterr().err
 
 
+def test_a_later_report_reads_only_the_open_periods_panes_and_writes_the_same_pages(run, monkeypatch):
+    """Stored bills' charts and the monthly totals are kept in ``_reports/.cache``: a report after them reads
+    neither the stored period's panes nor any rolled-up month's, and its pages equal those made without it."""
+    from traffic import html_bills
+
+    harness, reports = run
+    warehouse = harness.warehouse()
+    generated = datetime(2026, 11, 1, 4, tzinfo=UTC)
+    html_bills.write_bill_pages(warehouse, reports, generated)
+    pages = {p: p.read_bytes() for p in (reports / "bills").rglob("*.html")}
+    assert {p.name for p in (reports / ".cache").iterdir()} == {
+        "account-month-2026-10.arrow", *(f"chart-2026-10-{a}.html.svg" for a in ("acme", "globex", "unassigned"))}
+    read = []
+    real_final_panes, real_totals = html_bills.final_panes, html_bills.account_totals
+    monkeypatch.setattr(html_bills, "final_panes", lambda w, period, rows=None: read.append(
+        (period.label, rows is not None)) or real_final_panes(w, period, rows))
+    monkeypatch.setattr(html_bills, "account_totals", lambda *a: read.append(("totals", a[1:])) or real_totals(*a))
+    html_bills.write_bill_pages(warehouse, reports, generated)
+    assert read == [("2026-11", True)]  # the open period, from the one read of the panes after the stored bills
+    assert {p: p.read_bytes() for p in (reports / "bills").rglob("*.html")} == pages
+    # Without the cache, everything is derived again, to the same pages.
+    for path in (reports / ".cache").iterdir():
+        path.unlink()
+    read.clear()
+    html_bills.write_bill_pages(warehouse, reports, generated)
+    assert sorted(read, key=str) == sorted([("2026-11", True), ("2026-10", False), ("totals", (
+        "month", datetime(2026, 10, 1, tzinfo=UTC), datetime(2026, 11, 1, tzinfo=UTC)))], key=str)
+    assert {p: p.read_bytes() for p in (reports / "bills").rglob("*.html")} == pages
+
+
 def test_bills_pages_are_self_contained_and_small(run):
     _, reports = run
     for page in (reports / "bills").rglob("*.html"):
