@@ -212,10 +212,16 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
     """Parse, judge and write one chunk; returns its outcome row."""
     from traffic.delta import write_staged
     from traffic.ingest import read_chunk
-    from traffic.readers import parse_bytes
+    from traffic.readers import CAPTURE, parse_bytes
 
-    data = read_chunk(row["path"], row["start"], row["end"], row["file_start"])
-    parsed = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"], settings=settings)
+    own = None
+    if row["format"] == CAPTURE:  # the whole capture, of which this task decodes the frames in its range
+        data = read_chunk(row["path"], row["file_start"], row["file_end"], row["file_start"])
+        own = (row["start"] - row["file_start"], row["end"] - row["file_start"])
+    else:
+        data = read_chunk(row["path"], row["start"], row["end"], row["file_start"])
+    parsed = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"], settings=settings,
+                         own=own)
     parsed = parsed.cast(PARSED_SCHEMA)
     del data
     code = fates(parsed, rules)
@@ -252,16 +258,17 @@ def _save(rules: Rules, what: str, chunk: int, table: pa.Table) -> None:
                           compression="uncompressed")
 
 
-def task_function(rules: Rules):
-    """The function Spark runs per task (``mapInArrow``): one outcome row per chunk row."""
+def task_function(rules: Rules, chunk_rows: list[dict]):
+    """The function Spark runs per task (``mapInArrow`` over ``spark.range``): each id is the index of
+    a chunk row (carried in the function itself), and yields that chunk's outcome row."""
 
     def run(batches):
         from traffic.settings import build_settings
 
         settings = build_settings(rules.settings_doc)
         for batch in batches:
-            for row in batch.to_pylist():
-                yield pa.RecordBatch.from_pylist([run_chunk(row, rules, settings)], schema=OUTCOME)
+            for index in batch.column(0).to_pylist():
+                yield pa.RecordBatch.from_pylist([run_chunk(chunk_rows[index], rules, settings)], schema=OUTCOME)
 
     return run
 

@@ -217,16 +217,27 @@ def parse_capture(
     input_file: str,
     local_networks: list[str],
     keep_transit: bool = False,
+    own: tuple[int, int] | None = None,
 ) -> pa.Table:
     """Parse one capture file into ``PARSED_SCHEMA`` rows (packets and rejects, never ticks).
+
+    ``own`` splits one capture between tasks: each reads the whole file's record headers (they
+    chain, so none can start in the middle) but decodes only the frames whose first byte lies in
+    ``[start, end)``; the task whose range reaches the end of the file also reports a problem with
+    the file itself. Ranges that tile the file give every frame and every reject exactly once.
 
     Raises ``ValueError`` only for a bad ``local_networks`` entry (configuration, not
     input); bad capture bytes become rejects.
     """
     networks = _parse_networks(local_networks)
+    start, end = own if own is not None else (0, len(data))
     try:
         frames, file_reject = _read_frames(data)
-        table = _frames_to_table(data, frames, networks, keep_transit, source, input_file)
+        numbers = None  # each frame's index in the file (rejects name frames by their number)
+        if own is not None:
+            numbers = np.flatnonzero((frames.pos >= start) & (frames.pos < end))
+            frames = frames.take(numbers)
+        table = _frames_to_table(data, frames, networks, keep_transit, source, input_file, numbers)
     except Exception as exc:  # a reader bug must not stop the batch; the reject says so
         log.exception("could not read capture %s", input_file)
         table = PARSED_SCHEMA.empty_table()
@@ -234,7 +245,7 @@ def parse_capture(
             f"could not read capture ({type(exc).__name__}: {exc})",
             f"byte offset 0: {_hex(data, 0, len(data))}",
         )
-    if file_reject is not None:
+    if file_reject is not None and end >= len(data):
         reason, record = file_reject
         table = pa.concat_tables([table, _reject_table(reason, record, source, input_file)])
     return table
@@ -307,17 +318,8 @@ def _read_pcap(data: bytes, order: str, nanos: bool) -> tuple[_Frames, tuple[str
     linktype = linktype_field & 0x03FFFFFF
     fcs = ((linktype_field >> 28) & 0xF) * 2 if linktype_field & 0x04000000 else 0
 
-    # The one per-record Python loop: each record header says where the next one starts.
-    unpack_len = struct.Struct(order + "I").unpack_from
-    offsets: list[int] = []
-    append = offsets.append
-    offset, last_header = 24, size - 16
-    while offset <= last_header:
-        append(offset)
-        offset += 16 + unpack_len(data, offset + 8)[0]
-
-    rec = np.array(offsets, dtype=np.int64)
     buf = np.frombuffer(data, np.uint8)
+    rec, offset = _record_offsets(data, buf, order)
     header = _gather(buf, rec, 16).view(order + "u4").reshape(-1, 4).astype(np.int64)
     sec, frac, cap, orig = header.T
     problem = None
@@ -362,6 +364,57 @@ def _read_pcap(data: bytes, order: str, nanos: bool) -> tuple[_Frames, tuple[str
         value=np.zeros(n, np.int64),
     )
     return frames, problem
+
+
+#: Records tried at once by ``_record_offsets`` (grows while guesses hold, up to the last figure).
+_GUESS_FIRST, _GUESS_MOST = 64, 1 << 16
+#: Records walked one by one after a guess that held for fewer than 8 (lengths that vary).
+_WALK_AFTER_MISS = 256
+
+
+def _record_offsets(data: bytes, buf: np.ndarray, order: str) -> tuple[np.ndarray, int]:
+    """Byte offsets of the pcap record headers from byte 24, and the offset after the last whole one.
+
+    Each header's captured length says where the next one starts, so the walk is sequential. A
+    capture cut to a fixed snapshot length (headers only, the usual capture for accounting) has runs
+    of records of one length: the walk guesses that the next ``k`` records have the current one's
+    length and checks all ``k`` guesses at once with numpy; the records up to the first wrong guess
+    are exactly right (each guess is checked at an offset all earlier guesses put it at). Where
+    lengths vary, it walks record by record, as a plain loop would.
+    """
+    unpack_len = struct.Struct(order + "I").unpack_from
+    dtype = np.dtype(order + "u4")
+    parts: list[np.ndarray] = []
+    offsets: list[int] = []
+    append = offsets.append
+    offset, last_header, guess = 24, len(data) - 16, _GUESS_FIRST
+    while offset <= last_header:
+        step = 16 + unpack_len(data, offset + 8)[0]
+        k = min(guess, (last_header - offset) // step + 1)
+        if k < 8:
+            append(offset)
+            offset += step
+            continue
+        at = offset + step * np.arange(k, dtype=np.int64)
+        same = _gather(buf, at + 8, 4).view(dtype).ravel() == step - 16
+        held = k if same.all() else int(np.argmin(same))
+        if offsets:
+            parts.append(np.array(offsets, dtype=np.int64))
+            offsets.clear()
+        parts.append(at[:held])
+        offset += step * held
+        if held == k:
+            guess = min(guess * 2, _GUESS_MOST)
+            continue
+        guess = _GUESS_FIRST
+        if held < 8:
+            for _ in range(_WALK_AFTER_MISS):
+                if offset > last_header:
+                    break
+                append(offset)
+                offset += 16 + unpack_len(data, offset + 8)[0]
+    parts.append(np.array(offsets, dtype=np.int64))
+    return np.concatenate(parts), offset
 
 
 @dataclass
@@ -960,9 +1013,13 @@ def _addresses(keys: np.ndarray, networks: _Networks) -> tuple[np.ndarray, pa.Ar
 
 
 def _frames_to_table(
-    data, frames: _Frames, networks: _Networks, keep_transit: bool, source: str, input_file: str
+    data, frames: _Frames, networks: _Networks, keep_transit: bool, source: str, input_file: str,
+    numbers: np.ndarray | None = None,
 ) -> pa.Table:
-    """Decode, orient and judge every frame: one ``PARSED_SCHEMA`` row per frame, in order."""
+    """Decode, orient and judge every frame: one ``PARSED_SCHEMA`` row per frame, in order.
+
+    ``numbers``: each frame's index in the file, when ``frames`` are only some of them.
+    """
     n = len(frames.pos)
     if n == 0:
         return PARSED_SCHEMA.empty_table()
@@ -1018,7 +1075,8 @@ def _frames_to_table(
         reasons = pa.concat_arrays([reasons.filter(pa.array(coded)), neither]).take(
             pa.array(np.argsort(order, kind="stable"))
         )
-    records = _frame_excerpts(buf, rejected, frames.pos[rejected], frames.cap[rejected])
+    records = _frame_excerpts(buf, rejected if numbers is None else numbers[rejected], frames.pos[rejected],
+                              frames.cap[rejected])
     reason = _spread(reasons, rejected, n)
     record = _spread(records, rejected, n)
 

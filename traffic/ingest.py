@@ -9,6 +9,8 @@ so a batch killed at any point and run again ends exactly as an uninterrupted on
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -139,9 +141,29 @@ def _piece_bytes(size: int, split_bytes: int, parallelism: int) -> int:
     return max(1, -(-size // pieces))
 
 
-def _chunks(plan: dict, split_bytes: int, parallelism: int = 1) -> list[tuple]:
-    """(path, source, name, start, end, splittable) per parse task: big text files are split by bytes."""
-    from traffic.readers import CAPTURE, detect_format
+def task_slots(settings: Settings) -> int:
+    """Parse tasks that run at once: N of a ``local[N]`` master (``auto``: the local default or the
+    warm server, both ``local[2]``), this machine's cores for ``local[*]``; on a cluster,
+    ``shuffle_partitions``."""
+    from traffic.spark import LOCAL_MASTER
+
+    master = LOCAL_MASTER if settings.spark_master == "auto" else settings.spark_master
+    match = re.fullmatch(r"local\[(\d+|\*)(,\s*\d+)?\]", master.strip())
+    if match:
+        return max(1, os.cpu_count() or 1) if match.group(1) == "*" else max(1, int(match.group(1)))
+    return max(1, settings.shuffle_partitions)
+
+
+def _chunks(plan: dict, split_bytes: int, parallelism: int = 1, slots: int | None = None) -> list[tuple]:
+    """(path, source, name, format, start, end) per parse task.
+
+    A router feed is split into line-aligned pieces (``_piece_bytes``). A capture is split into one
+    byte range per task slot (``slots``, default ``parallelism``): every task walks the whole file's
+    record headers (they chain) and decodes the frames that start in its range
+    (``parse_capture(own=...)``), so more ranges than slots would only repeat the walk. Other files
+    (and the appended tail of a capture) are one task.
+    """
+    from traffic.readers import CAPTURE, ROUTER_FEED, detect_format
 
     chunks = []
     for f in plan["files"]:
@@ -151,7 +173,12 @@ def _chunks(plan: dict, split_bytes: int, parallelism: int = 1) -> list[tuple]:
             head = handle.read(4096)
         fmt = detect_format(f["name"], head)
         start, end = f["start"], f["size"]
-        if fmt == CAPTURE or fmt != "router-feed":
+        if fmt == CAPTURE and start == 0:
+            pieces = (slots or parallelism) if end >= 2 * MIN_SPLIT_BYTES else 1
+            chunks += [(f["path"], f["source"], f["name"], fmt, end * i // pieces, end * (i + 1) // pieces)
+                       for i in range(pieces)]
+            continue
+        if fmt != ROUTER_FEED:
             chunks.append((f["path"], f["source"], f["name"], fmt, start, end))
             continue
         offset, piece = start, _piece_bytes(end - start, split_bytes, parallelism)
@@ -179,16 +206,17 @@ def read_chunk(path: str, start: int, end: int, first_chunk_start: int) -> bytes
         return data
 
 
-_CHUNK_SCHEMA = ("chunk int, path string, source string, name string, format string, start long, `end` long, "
-                 "file_start long")
-
-
 def _run_tasks(spark, chunk_rows: list[dict], rules) -> dict[int, dict]:
-    """Run one parse task per chunk (Spark schedules them); returns each chunk's outcome row."""
+    """Run one parse task per chunk (Spark schedules them); returns each chunk's outcome row.
+
+    The tasks are ``spark.range`` with one id per partition, the id indexing ``chunk_rows``: no
+    shuffle stage to spread a small local table over tasks (0.2-0.4 s less per batch).
+    """
     from traffic.batch_tasks import OUTCOME_DDL, task_function
 
-    frame = spark.createDataFrame(chunk_rows, _CHUNK_SCHEMA).repartition(max(1, len(chunk_rows)))
-    return {r["chunk"]: r.asDict() for r in frame.mapInArrow(task_function(rules), OUTCOME_DDL).collect()}
+    n = len(chunk_rows)
+    frame = spark.range(0, n, 1, n).mapInArrow(task_function(rules, chunk_rows), OUTCOME_DDL)
+    return {r["chunk"]: r.asDict() for r in frame.collect()}
 
 
 def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
@@ -212,7 +240,8 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     now = datetime.fromisoformat(plan["now"])
     files = plan["files"]
     file_start = {f["path"]: f["start"] for f in files}
-    chunks = _chunks(plan, settings.split_bytes, settings.shuffle_partitions)
+    file_end = {f["path"]: f["size"] for f in files}
+    chunks = _chunks(plan, settings.split_bytes, settings.shuffle_partitions, task_slots(settings))
     progress(f"batch {batch_id}: {len(chunks)} parse task(s) over "
              f"{sum(1 for f in files if f['status'] in inbox_mod.TO_READ)} file(s)")
     time_range = tuple(datetime.fromisoformat(t) for t in plan["range"]) if plan.get("range") else None
@@ -223,7 +252,8 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
         progress("warning: local_networks is empty, so every captured packet is neither-local and rejected "
                  "(set TRAFFIC_LOCAL_NETWORKS, e.g. 10.0.0.0/8,2001:db8::/32)")
     chunk_rows = [
-        {"chunk": i, "path": p, "source": s, "name": n, "format": fmt, "start": a, "end": b, "file_start": file_start[p]}
+        {"chunk": i, "path": p, "source": s, "name": n, "format": fmt, "start": a, "end": b, "file_start": file_start[p],
+         "file_end": file_end[p]}
         for i, (p, s, n, fmt, a, b) in enumerate(chunks)
     ]
     raw = {name: warehouse.table(name) for name in ("packets", "late_packets", "rejects")}

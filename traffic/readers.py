@@ -54,8 +54,12 @@ def detect_format(name: str, head: bytes) -> str:
     return ROUTER_FEED
 
 
-def parse_bytes(data: bytes, fmt: str, *, source: str, input_file: str, settings=None) -> pa.Table:
-    """Parse one file's bytes (or a line-aligned chunk for text formats)."""
+def parse_bytes(data: bytes, fmt: str, *, source: str, input_file: str, settings=None,
+                own: tuple[int, int] | None = None) -> pa.Table:
+    """Parse one file's bytes (or a line-aligned chunk for text formats).
+
+    ``own``: for a capture, the byte range whose frames this call decodes (see ``parse_capture``).
+    """
     if fmt == CAPTURE:
         from traffic.captures import parse_capture
 
@@ -65,6 +69,7 @@ def parse_bytes(data: bytes, fmt: str, *, source: str, input_file: str, settings
             input_file=input_file,
             local_networks=list(settings.local_networks) if settings else [],
             keep_transit=bool(settings and settings.keep_transit),
+            own=own,
         )
     good, bad = _split_utf8(data)
     rejects = _rejects(bad, "not UTF-8 text", source, input_file)

@@ -73,3 +73,34 @@ def _write(harness: Harness, source: str, name: str, data: bytes) -> None:
     folder = harness.root / "inbox" / source
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_bytes(data)
+
+
+def test_a_big_capture_is_split_between_tasks_and_counts_every_frame_once(spark, tmp_path):
+    """A capture of two split pieces or more is decoded by one task per core; the tables hold exactly what
+    one whole-file parse gives: every frame once, and the file's own problem (a cut last record) once."""
+    from traffic.ingest import MIN_SPLIT_BYTES, ingest
+    from traffic.captures import parse_capture
+
+    harness = Harness(tmp_path, spark, local_networks="10.1.0.0/16,2001:db8:1::/48")
+    pattern = _frames()
+    frames = [cf.Packet(pattern[i % len(pattern)].frame, _ns(T0) + i * 40_000_000) for i in range(80_000)]
+    capture = cf.pcap(frames, snaplen=96)[:-5]
+    assert len(capture) >= 2 * MIN_SPLIT_BYTES
+    _write(harness, "tap1", "big.pcap", capture)
+    said = []
+    result = ingest(harness.settings, lambda: spark, said.append)
+    assert any("2 parse task(s) over 1 file(s)" in line for line in said), said
+    whole = parse_capture(capture, source="tap1", input_file="tap1/big.pcap",
+                          local_networks=["10.1.0.0/16", "2001:db8:1::/48"]).to_pylist()
+    packets = [r for r in whole if r["kind"] == "packet"]
+    assert (result.packets_on_time, result.records_rejected) == (len(packets), len(whole) - len(packets))
+    assert sum(r["reason"].startswith("capture truncated") for r in harness.table("rejects")) == 1
+
+    def totals(rows):
+        sums = {}
+        for r in rows:
+            key = (r["local_ip"], r["remote_ip"], r["direction"])
+            sums[key] = sums.get(key, 0) + r["bytes"]
+        return sums
+
+    assert totals(harness.table("packets")) == totals(packets)

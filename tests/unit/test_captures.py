@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta, timezone
 
+import pyarrow as pa
 import pytest
 
 from tests import capture_factory as cf
@@ -678,3 +679,85 @@ def test_bytes_like_inputs_are_accepted():
     data = cf.pcap(stamped(ethernet_frames(CONVERSATION)))
     assert parse(bytearray(data)) == EXPECTED
     assert parse(memoryview(data)) == EXPECTED
+
+
+def _plain_walk(data: bytes, order: str) -> tuple[list[int], int]:
+    import struct
+
+    offsets, offset = [], 24
+    while offset <= len(data) - 16:
+        offsets.append(offset)
+        offset += 16 + struct.unpack_from(order + "I", data, offset + 8)[0]
+    return offsets, offset
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+@pytest.mark.parametrize("shape", ["one length", "runs", "every length differs", "cut and corrupt"])
+def test_the_record_walk_finds_exactly_the_records_a_plain_walk_finds(order, shape):
+    """The walk guesses runs of equal lengths and checks them at once; it must agree with a record-by-record
+    walk on any file: one snapshot length, runs of lengths, lengths that always differ, a cut last record
+    and a corrupt length that jumps past the end."""
+    import struct
+
+    import numpy as np
+
+    from traffic.captures import _record_offsets
+
+    rng = random.Random(f"{order}{shape}")
+    if shape == "one length":
+        lengths = [54] * 70_000
+    elif shape == "runs":
+        lengths = [length for _ in range(300) for length in [rng.choice([54, 60, 66, 1514])] * rng.randint(1, 900)]
+    else:
+        lengths = [rng.randint(0, 300) for _ in range(20_000)]
+    body = bytearray(b"\0" * 24)
+    for length in lengths:
+        body += struct.pack(order + "IIII", 1, 2, length, length) + bytes(length)
+    if shape == "cut and corrupt":
+        body += struct.pack(order + "IIII", 1, 2, 40, 40) + bytes(10)  # cut off
+        corrupt = bytearray(body)
+        corrupt[24 + 16 * 100 + sum(lengths[:100]) + 8:][:4] = struct.pack(order + "I", 4_000_000_000)
+        for data in (bytes(body), bytes(corrupt)):
+            offsets, end = _record_offsets(data, np.frombuffer(data, np.uint8), order)
+            assert (offsets.tolist(), end) == _plain_walk(data, order)
+        return
+    data = bytes(body)
+    offsets, end = _record_offsets(data, np.frombuffer(data, np.uint8), order)
+    assert (offsets.tolist(), end) == _plain_walk(data, order)
+    assert len(offsets) == len(lengths)
+
+
+def _mixed_frames(count: int) -> list[bytes]:
+    """Packets of every direction, a non-IP frame and a neither-local one, repeated."""
+    cycle = ethernet_frames(CONVERSATION) + [
+        cf.ethernet(b"\x00" * 46, ethertype=0x0806),
+        cf.ethernet(cf.ipv4("198.51.100.1", "203.0.113.9", 17, cf.udp(1, 2, b"n" * 9))),
+    ]
+    return [cycle[i % len(cycle)] for i in range(count)]
+
+
+@pytest.mark.parametrize("container", ["pcap", "pcapng", "pcap cut short", "not a capture"])
+def test_ranges_that_tile_a_capture_give_every_row_exactly_once(container):
+    """A capture split between tasks (``own``): the ranges' rows, in range order, are the whole file's rows,
+    whatever the cut points (inside records, on their first byte, at the ends); the file's own problem
+    (a cut last record, not a capture at all) is reported once, by the range that reaches the end."""
+    frames = stamped(_mixed_frames(300))
+    if container == "pcapng":
+        data = cf.pcapng(cf.Section([cf.Interface()], [cf.Enhanced(0, p) for p in frames]))
+    elif container == "not a capture":
+        data = cf.garbage(5000)
+    else:
+        data = cf.pcap(frames, snaplen=60)
+        data = data[:-7] if container == "pcap cut short" else data
+
+    def rows(own=None):
+        return parse_capture(data, source=SOURCE, input_file=FILE, local_networks=LOCAL, own=own)
+
+    whole = rows()
+    assert whole.num_rows > (0 if container == "not a capture" else 300 - 1)
+    rng = random.Random(container)
+    offsets = pcap_offsets(frames, 60)
+    for cuts in ([], [offsets[10]], [offsets[10] + 1, offsets[200] - 1], sorted(rng.sample(range(1, len(data)), 7))):
+        bounds = [0, *[c for c in cuts if c < len(data)], len(data)]
+        parts = [rows((lo, hi)) for lo, hi in zip(bounds, bounds[1:])]
+        assert pa.concat_tables(parts).equals(whole), cuts

@@ -54,3 +54,37 @@ def test_a_file_just_over_split_bytes_is_not_one_task_and_a_sliver():
     # The 10 M bench feed: 11 pieces of 64 MiB would leave one core idle for the last round; 12 do not.
     big = 690 * 1000 * 1000
     assert -(-big // _piece_bytes(big, 64 * MiB, 4)) == 12
+
+
+def test_a_capture_is_split_into_one_range_per_core_and_an_appended_tail_is_not(tmp_path):
+    from traffic.ingest import MIN_SPLIT_BYTES, _chunks
+
+    header = bytes.fromhex("d4c3b2a1") + bytes(20)
+    files = {"big.pcap": header + bytes(3 * MIN_SPLIT_BYTES), "small.pcap": header + bytes(1000), "empty.pcap": b""}
+    plan = {"files": []}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        plan["files"].append({"path": str(tmp_path / name), "source": "tap", "name": name, "status": "accounted",
+                              "start": 0, "size": len(data)})
+    plan["files"].append({**plan["files"][0], "name": "grown.pcap", "status": "appended", "start": 100})
+    ranges = {}
+    for _, _, name, fmt, start, end in _chunks(plan, 64 * MiB, 3):
+        assert fmt == "capture"
+        ranges.setdefault(name, []).append((start, end))
+    size = len(files["big.pcap"])
+    assert ranges["big.pcap"] == [(0, size // 3), (size // 3, 2 * size // 3), (2 * size // 3, size)]
+    assert ranges["small.pcap"] == [(0, 1024)] and ranges["empty.pcap"] == [(0, 0)]
+    assert ranges["grown.pcap"] == [(100, size)]
+
+
+def test_task_slots_follow_the_local_master_and_fall_back_to_shuffle_partitions():
+    import os
+
+    from traffic.ingest import task_slots
+    from traffic.settings import load_settings
+
+    def slots(master: str) -> int:
+        return task_slots(load_settings(environ={}, overrides={"spark_master": master, "shuffle_partitions": 6}))
+
+    assert (slots("auto"), slots("local[2]"), slots("local[3,2]"), slots("local[*]")) == (2, 2, 3, os.cpu_count())
+    assert slots("sc://127.0.0.1:15002") == slots("spark://cluster:7077") == 6
