@@ -77,8 +77,11 @@ def _stored_periods(warehouse: Warehouse) -> dict[tuple[datetime, datetime], lis
     return dict(by_period)
 
 
-def bill_periods(warehouse: Warehouse) -> list[PeriodPage]:
-    """Every period with stored bills, then every later period of the current cycle that has final panes."""
+def bill_periods(warehouse: Warehouse, cache: "DerivedCache | None" = None) -> list[PeriodPage]:
+    """Every period with stored bills, then every later period of the current cycle that has final panes.
+
+    With a ``cache``, the final panes of past days are kept there (``cached_final_panes``).
+    """
     stored = _stored_periods(warehouse)
     pages = [PeriodPage(BillingPeriod(rows[0]["period"], start, end),
                         sorted(rows, key=lambda r: (r["account"] is None, r["account"] or "")), "final",
@@ -90,7 +93,8 @@ def bill_periods(warehouse: Warehouse) -> list[PeriodPage]:
     cycle = billing_cycle(warehouse.settings)
     billed_until = max((end for _, end in stored), default=None)
     resume = cycle.period_containing(billed_until).start_utc if billed_until else None
-    rows = read_final_panes(warehouse, key_min=cluster_key(hour_floor(resume), "hour") if resume else None)
+    key_min = cluster_key(hour_floor(resume), "hour") if resume else None
+    rows = cached_final_panes(warehouse, cache, key_min) if cache else read_final_panes(warehouse, key_min)
     starts = rows.column("pane_start")
     if billed_until:
         starts = starts.filter(pc.greater_equal(starts, pa.scalar(hour_floor(billed_until), starts.type)))
@@ -110,6 +114,23 @@ def bill_periods(warehouse: Warehouse) -> list[PeriodPage]:
         pages.append(PeriodPage(result.period, bill_rows(result), status, note, panes))
         period = cycle.period_containing(period.end_utc)
     return pages
+
+
+def cached_final_panes(warehouse: Warehouse, cache: "DerivedCache", key_min: str | None) -> pa.Table:
+    """``read_final_panes(warehouse, key_min)``, a day at a time: each day's rows are kept in ``cache``,
+    keyed by the data files of its hours, so a report reads only the days whose files changed (today's)."""
+    files = warehouse.table("panes").files(key_min=key_min)
+    if any(f.key is None for f in files):
+        return read_final_panes(warehouse, key_min)
+    days: dict[str, list[str]] = defaultdict(list)
+    for f in files:
+        days[f.key[:10]].append(f.path)
+    parts = []
+    for day, paths in sorted(days.items()):
+        lo = max(key_min or "", f"{day}T00")
+        parts.append(cache.table(f"panes-{day}.arrow", [CACHE_FORMAT, lo, sorted(paths)],
+                                 lambda lo=lo, day=day: read_final_panes(warehouse, lo, f"{day}T24")))
+    return pa.concat_tables(parts) if parts else read_final_panes(warehouse, key_min)
 
 
 def rate_series(panes: pa.Table, period: BillingPeriod, unknown_direction: str) -> dict[str | None, dict]:
@@ -300,14 +321,14 @@ def bills_table(pages: list[PeriodPage], prefix: str) -> str:
 def write_bill_pages(warehouse: Warehouse, out: Path, generated: datetime) -> list[PeriodPage]:
     """Write ``out/bills/index.html`` and one page per (period, account); remove pages no longer produced.
 
-    What only changes when a month is rolled up or a period's bills are stored (the accounts' monthly
-    totals, the rate charts of stored bills) is kept in ``out/.cache`` (``DerivedCache``), so a report
-    reads the final panes of the open period only, however long the history.
+    What seldom changes (the accounts' monthly totals, the rate charts of stored bills, the final panes
+    of past days) is kept in ``out/.cache`` (``DerivedCache``), each with a fingerprint of what it was
+    derived from, so a report reads today's final panes only, however long the history.
     """
-    pages = bill_periods(warehouse)
+    cache = DerivedCache(out / ".cache")
+    pages = bill_periods(warehouse, cache)
     folder = out / "bills"
     folder.mkdir(parents=True, exist_ok=True)
-    cache = DerivedCache(out / ".cache")
     totals = account_month_totals(warehouse, cache)
     written = set()
     for page in pages:

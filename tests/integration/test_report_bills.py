@@ -230,8 +230,8 @@ def test_traffic_report_top_last_chooses_the_window(run, capsys):
 
 
 def test_a_later_report_reads_only_the_open_periods_panes_and_writes_the_same_pages(run, monkeypatch):
-    """Stored bills' charts and the monthly totals are kept in ``_reports/.cache``: a report after them reads
-    neither the stored period's panes nor any rolled-up month's, and its pages equal those made without it."""
+    """Stored bills' charts, the monthly totals and past days' final panes are kept in ``_reports/.cache``: a
+    report after them reads none of those panes again, and its pages equal those made without the cache."""
     from traffic import html_bills
 
     harness, reports = run
@@ -240,14 +240,18 @@ def test_a_later_report_reads_only_the_open_periods_panes_and_writes_the_same_pa
     html_bills.write_bill_pages(warehouse, reports, generated)
     pages = {p: p.read_bytes() for p in (reports / "bills").rglob("*.html")}
     assert {p.name for p in (reports / ".cache").iterdir()} == {
-        "account-month-2026-10.arrow", *(f"chart-2026-10-{a}.html.svg" for a in ("acme", "globex", "unassigned"))}
+        "account-month-2026-10.arrow", "panes-2026-11-01.arrow",
+        *(f"chart-2026-10-{a}.html.svg" for a in ("acme", "globex", "unassigned"))}
     read = []
-    real_final_panes, real_totals = html_bills.final_panes, html_bills.account_totals
+    real_final_panes, real_totals, real_read = html_bills.final_panes, html_bills.account_totals, \
+        html_bills.read_final_panes
     monkeypatch.setattr(html_bills, "final_panes", lambda w, period, rows=None: read.append(
         (period.label, rows is not None)) or real_final_panes(w, period, rows))
     monkeypatch.setattr(html_bills, "account_totals", lambda *a: read.append(("totals", a[1:])) or real_totals(*a))
+    monkeypatch.setattr(html_bills, "read_final_panes", lambda w, *keys: read.append(("panes", keys)) or
+                        real_read(w, *keys))
     html_bills.write_bill_pages(warehouse, reports, generated)
-    assert read == [("2026-11", True)]  # the open period, from the one read of the panes after the stored bills
+    assert read == [("2026-11", True)]  # the open period, from the cached panes after the stored bills
     assert {p: p.read_bytes() for p in (reports / "bills").rglob("*.html")} == pages
     # Without the cache, everything is derived again, to the same pages.
     for path in (reports / ".cache").iterdir():
@@ -255,7 +259,8 @@ def test_a_later_report_reads_only_the_open_periods_panes_and_writes_the_same_pa
     read.clear()
     html_bills.write_bill_pages(warehouse, reports, generated)
     assert sorted(read, key=str) == sorted([("2026-11", True), ("2026-10", False), ("totals", (
-        "month", datetime(2026, 10, 1, tzinfo=UTC), datetime(2026, 11, 1, tzinfo=UTC)))], key=str)
+        "month", datetime(2026, 10, 1, tzinfo=UTC), datetime(2026, 11, 1, tzinfo=UTC))),
+        ("panes", ("2026-11-01T00", "2026-11-01T24"))], key=str)
     assert {p: p.read_bytes() for p in (reports / "bills").rglob("*.html")} == pages
 
 
