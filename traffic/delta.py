@@ -25,6 +25,7 @@ tests use to SIGKILL the process at any of them (``TRAFFIC_FAULT_AT``).
 from __future__ import annotations
 
 import abc
+import bisect
 import json
 import os
 import re
@@ -171,6 +172,15 @@ class DataFile:
     rows: int | None
 
 
+@dataclass(frozen=True)
+class _FileIndex:
+    """One snapshot's data files grouped by cluster key, each with its position in the snapshot."""
+
+    version: tuple[int, int]  # (id of the snapshot object, table version)
+    by_key: dict[str | None, list[tuple[int, DataFile]]]
+    keys: list[str]  # the non-null keys, sorted
+
+
 #: Every step reached in this process, in order (the crash tests enumerate kill points from it).
 STEPS_REACHED: list[str] = []
 
@@ -212,6 +222,7 @@ class Warehouse:
         self.engine = engine or choose_engine(settings)
         self.faults = _injector(settings)
         self.snapshots: dict[str, object] = {}  # table name -> loaded delta-rs snapshot (rs engine)
+        self.file_indexes: dict[str, _FileIndex] = {}  # table name -> its snapshot's files by key (rs engine)
         if self.engine == "spark" and spark is None:
             raise StorageError("the spark engine needs a SparkSession")
 
@@ -351,25 +362,39 @@ class RsTable(Table):
     def files(self, keys: Iterable[str | None] | None = None, key_min: str | None = None,
               key_max: str | None = None, dt=None) -> list[DataFile]:
         """Data files of the current snapshot, pruned to cluster keys (``key_min <= key < key_max``)."""
-        dt = dt or self._delta()
+        index = self._file_index(dt or self._delta())
+        if keys is not None:
+            picked = [entry for key in set(keys) for entry in index.by_key.get(key, ())]
+        elif key_min is not None or key_max is not None:
+            lo = bisect.bisect_left(index.keys, key_min) if key_min is not None else 0
+            hi = bisect.bisect_left(index.keys, key_max) if key_max is not None else len(index.keys)
+            picked = [entry for key in index.keys[lo:hi] for entry in index.by_key[key]]
+        else:
+            picked = [entry for entries in index.by_key.values() for entry in entries]
+        return [f for _, f in sorted(picked, key=lambda entry: entry[0])
+                if (key_min is None or (f.key is not None and f.key >= key_min))
+                and (key_max is None or (f.key is not None and f.key < key_max))]
+
+    def _file_index(self, dt) -> "_FileIndex":
+        """The snapshot's data files by cluster key, parsed once per snapshot version (not once per read:
+        a table's file list grows with its history, a micro-batch's reads must not)."""
+        version = (id(dt), dt.version())
+        cached = self.warehouse.file_indexes.get(self.name)
+        if cached is not None and cached.version == version:
+            return cached
         actions = pa.table(dt.get_add_actions(flatten=True))
         paths = actions.column("path").to_pylist()
         sizes = actions.column("size_bytes").to_pylist()
         rows = actions.column("num_records").to_pylist() if "num_records" in actions.column_names else [None] * len(paths)
-        wanted = set(keys) if keys is not None else None
-        result = []
-        for path, size, count in zip(paths, sizes, rows):
+        by_key: dict[str | None, list[tuple[int, DataFile]]] = {}
+        for position, (path, size, count) in enumerate(zip(paths, sizes, rows)):
             match = _KEY_SEGMENT.search(path)
             key = match.group(1) if match else None
             key = None if key == _NULL_KEY else key
-            if wanted is not None and key not in wanted:
-                continue
-            if key_min is not None and (key is None or key < key_min):
-                continue
-            if key_max is not None and (key is None or key >= key_max):
-                continue
-            result.append(DataFile(path, size, key, count))
-        return result
+            by_key.setdefault(key, []).append((position, DataFile(path, size, key, count)))
+        index = _FileIndex(version, by_key, sorted(k for k in by_key if k is not None))
+        self.warehouse.file_indexes[self.name] = index
+        return index
 
     def keys(self) -> list[str]:
         """Distinct cluster keys present (sorted)."""

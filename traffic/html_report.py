@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic import state as st
-from traffic.delta import StorageError, Warehouse
+from traffic.clock import HOUR
+from traffic.delta import StorageError, Warehouse, cluster_key
 from traffic.quality import docs_pages, period_label, reports_dir
 from traffic.settings import Settings
 
@@ -59,8 +60,11 @@ def _gather(warehouse: Warehouse) -> dict:
     # Totals are summed in Arrow: daily and dq_results grow with history, and a report written by every
     # close must not turn all of it into Python rows (after 30 days that alone took ~2 s).
     daily = warehouse.table("daily").read_arrow(columns=["day", "local_ip", "remote_ip", "bytes", "packets"])
-    open_rows = warehouse.table("hourly").read_arrow(columns=["hour", "bytes", "packets"],
-                                                     filter=pc.field("status") == "open")
+    # Hours freeze in order, so open rows exist only after the last frozen hour (``plan_close``'s frontier).
+    frozen = [r["period_start"] for r in ledger if r["grain"] == "hour"]
+    open_rows = warehouse.table("hourly").read_arrow(
+        key_min=cluster_key(max(frozen) + HOUR, "hour") if frozen else None, columns=["hour", "bytes", "packets"],
+        filter=pc.field("status") == "open")
     rejects = st.rows(warehouse.table("rejects").read_arrow(columns=["hour", "source", "reason"]))
     late = st.rows(warehouse.table("late_packets").read_arrow(columns=["hour", "bytes"]))
     checks = warehouse.table("dq_results").read_arrow(columns=["grain", "period_start", "suite", "run_id", "success"])

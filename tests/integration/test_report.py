@@ -178,3 +178,22 @@ def test_screenshot_in_headless_chromium(run):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (1200, 2400) and len(data) > 50_000  # a drawn page, not a blank one
+
+
+def test_the_hours_chart_ends_with_the_open_hours_as_the_hourly_table_holds_them(run):
+    """Open rows are read only after the last frozen hour (hours freeze in order): the open bars must still be
+    every open hour of ``hourly``, with its bytes."""
+    import re
+
+    from traffic.html_report import STATUS_COLOURS
+
+    harness, page, _ = run
+    open_hours: dict[str, int] = defaultdict(int)
+    for r in harness.table("hourly"):
+        if r["status"] == "open":
+            open_hours[f"{r['hour']:%H}"] += r["bytes"]
+    assert open_hours  # the fixture leaves the newest hours open
+    chart = page.read_text(encoding="utf-8").split('aria-label="bytes per hour"', 1)[1].split("</svg>", 1)[0]
+    bars = re.findall(r'fill="([^"]+)" data-label="(\d\d)" data-bytes="(\d+)"', chart)
+    shown = [(label, int(value)) for colour, label, value in bars if colour == STATUS_COLOURS[None]]
+    assert shown == sorted(open_hours.items())
