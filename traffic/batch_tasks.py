@@ -215,9 +215,11 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
     from traffic.readers import CAPTURE, parse_bytes
 
     own = None
-    if row["format"] == CAPTURE:  # the whole capture, of which this task decodes the frames in its range
-        data = read_chunk(row["path"], row["file_start"], row["file_end"], row["file_start"])
-        own = (row["start"] - row["file_start"], row["end"] - row["file_start"])
+    if row["format"] == CAPTURE:
+        # The whole capture from its file header (an appended tail has none), of which this task
+        # decodes the frames that start in its range.
+        data = read_chunk(row["path"], 0, row["file_end"], 0)
+        own = (row["start"], row["end"])
     else:
         data = read_chunk(row["path"], row["start"], row["end"], row["file_start"])
     parsed = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"], settings=settings,

@@ -157,11 +157,11 @@ def task_slots(settings: Settings) -> int:
 def _chunks(plan: dict, split_bytes: int, parallelism: int = 1, slots: int | None = None) -> list[tuple]:
     """(path, source, name, format, start, end) per parse task.
 
-    A router feed is split into line-aligned pieces (``_piece_bytes``). A capture is split into one
-    byte range per task slot (``slots``, default ``parallelism``): every task walks the whole file's
-    record headers (they chain) and decodes the frames that start in its range
-    (``parse_capture(own=...)``), so more ranges than slots would only repeat the walk. Other files
-    (and the appended tail of a capture) are one task.
+    A router feed is split into line-aligned pieces (``_piece_bytes``). A capture's bytes still to
+    count (all of it, or what was appended) are split into one range per task slot (``slots``,
+    default ``parallelism``): every task walks the whole file's record headers from the file header
+    (they chain) and decodes the frames that start in its range (``parse_capture(own=...)``), so more
+    ranges than slots would only repeat the walk. Other files are one task.
     """
     from traffic.readers import CAPTURE, ROUTER_FEED, detect_format
 
@@ -173,10 +173,11 @@ def _chunks(plan: dict, split_bytes: int, parallelism: int = 1, slots: int | Non
             head = handle.read(4096)
         fmt = detect_format(f["name"], head)
         start, end = f["start"], f["size"]
-        if fmt == CAPTURE and start == 0:
-            pieces = (slots or parallelism) if end >= 2 * MIN_SPLIT_BYTES else 1
-            chunks += [(f["path"], f["source"], f["name"], fmt, end * i // pieces, end * (i + 1) // pieces)
-                       for i in range(pieces)]
+        if fmt == CAPTURE:
+            size = end - start
+            pieces = (slots or parallelism) if size >= 2 * MIN_SPLIT_BYTES else 1
+            chunks += [(f["path"], f["source"], f["name"], fmt, start + size * i // pieces,
+                        start + size * (i + 1) // pieces) for i in range(pieces)]
             continue
         if fmt != ROUTER_FEED:
             chunks.append((f["path"], f["source"], f["name"], fmt, start, end))

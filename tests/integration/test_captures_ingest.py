@@ -104,3 +104,22 @@ def test_a_big_capture_is_split_between_tasks_and_counts_every_frame_once(spark,
         return sums
 
     assert totals(harness.table("packets")) == totals(packets)
+
+
+def test_records_appended_to_a_counted_capture_are_counted_once(spark, tmp_path):
+    """A capture that grows after it was counted (a capture box still writing it): the next batch counts
+    only the records after the counted end, read from the file header on; nothing is rejected."""
+    harness = Harness(tmp_path, spark, local_networks="10.1.0.0/16,2001:db8:1::/48")
+    out, inbound, internal, _neither, _arp, v6 = _frames()
+    frames = [out, inbound, internal, v6]  # every one a packet: nothing is rejected by design
+    first = cf.pcap(frames[:2], snaplen=96)
+    _write(harness, "tap1", "growing.pcap", first)
+    assert harness.ingest().packets_on_time == 2
+    grown = cf.pcap(frames, snaplen=96)
+    assert grown.startswith(first)
+    _write(harness, "tap1", "growing.pcap", grown)
+    again = harness.ingest()
+    assert (again.packets_on_time, again.records_rejected) == (2, 0)
+    counted = sorted((r["local_ip"], r["remote_ip"], r["direction"]) for r in harness.table("packets"))
+    assert counted == [("10.1.0.5", "10.1.0.6", "internal"), ("10.1.0.5", "192.0.2.80", "in"),
+                       ("10.1.0.5", "192.0.2.80", "out"), ("2001:db8:1::5", "2001:db8:ffff::1", "out")]

@@ -56,7 +56,7 @@ def test_a_file_just_over_split_bytes_is_not_one_task_and_a_sliver():
     assert -(-big // _piece_bytes(big, 64 * MiB, 4)) == 12
 
 
-def test_a_capture_is_split_into_one_range_per_core_and_an_appended_tail_is_not(tmp_path):
+def test_a_capture_and_an_appended_capture_tail_are_split_into_one_range_per_core(tmp_path):
     from traffic.ingest import MIN_SPLIT_BYTES, _chunks
 
     header = bytes.fromhex("d4c3b2a1") + bytes(20)
@@ -74,7 +74,8 @@ def test_a_capture_is_split_into_one_range_per_core_and_an_appended_tail_is_not(
     size = len(files["big.pcap"])
     assert ranges["big.pcap"] == [(0, size // 3), (size // 3, 2 * size // 3), (2 * size // 3, size)]
     assert ranges["small.pcap"] == [(0, 1024)] and ranges["empty.pcap"] == [(0, 0)]
-    assert ranges["grown.pcap"] == [(100, size)]
+    tail = size - 100
+    assert ranges["grown.pcap"] == [(100 + tail * i // 3, 100 + tail * (i + 1) // 3) for i in range(3)]
 
 
 def test_task_slots_follow_the_local_master_and_fall_back_to_shuffle_partitions():
