@@ -86,7 +86,7 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
         return plan
     ledger = st.read_ledger(warehouse)
     hours_done = {r["period_start"]: r for r in ledger if r["grain"] == "hour"}
-    frontier = max(hours_done) + HOUR if hours_done else None
+    frontier = st.frozen_frontier(ledger)
     plan.hours = closed_hours(state.first_hour, frontier, state.watermark, until)
     frozen_end = (plan.hours[-1] + HOUR) if plan.hours else (frontier or state.first_hour)
     published = {h for h, r in hours_done.items() if r["dq_status"] in PUBLISHED}

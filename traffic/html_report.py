@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic import state as st
-from traffic.clock import HOUR
 from traffic.delta import StorageError, Warehouse, cluster_key
 from traffic.quality import docs_pages, period_label, reports_dir
 from traffic.settings import Settings
@@ -60,10 +59,10 @@ def _gather(warehouse: Warehouse) -> dict:
     # Totals are summed in Arrow: daily and dq_results grow with history, and a report written by every
     # close must not turn all of it into Python rows (after 30 days that alone took ~2 s).
     daily = warehouse.table("daily").read_arrow(columns=["day", "local_ip", "remote_ip", "bytes", "packets"])
-    # Hours freeze in order, so open rows exist only after the last frozen hour (``plan_close``'s frontier).
-    frozen = [r["period_start"] for r in ledger if r["grain"] == "hour"]
+    # Open rows exist only after the frozen hours (hours freeze in order).
+    frontier = st.frozen_frontier(ledger)
     open_rows = warehouse.table("hourly").read_arrow(
-        key_min=cluster_key(max(frozen) + HOUR, "hour") if frozen else None, columns=["hour", "bytes", "packets"],
+        key_min=cluster_key(frontier, "hour") if frontier else None, columns=["hour", "bytes", "packets"],
         filter=pc.field("status") == "open")
     rejects = st.rows(warehouse.table("rejects").read_arrow(columns=["hour", "source", "reason"]))
     late = st.rows(warehouse.table("late_packets").read_arrow(columns=["hour", "bytes"]))

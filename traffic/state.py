@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traffic.clock import ClockState, month_start
+from traffic.clock import HOUR, ClockState, month_start
 from traffic.delta import Warehouse, cluster_key
 
 UTC = timezone.utc
@@ -104,6 +104,12 @@ def closed_at(history: list[tuple[int, datetime]], period_end: datetime) -> date
         if watermark >= period_end:
             return watermark
     return None
+
+
+def frozen_frontier(ledger: list[dict]) -> datetime | None:
+    """The end of the frozen hours: hours freeze in order, so every hour from here on is still open."""
+    hours = [r["period_start"] for r in ledger if r["grain"] == "hour"]
+    return max(hours) + HOUR if hours else None
 
 
 def read_ledger(warehouse: Warehouse, grain: str | None = None, keys=None, key_min=None, key_max=None) -> list[dict]:
