@@ -53,7 +53,9 @@ PANE_PARTS = pa.schema([("pane_start", _TS), ("source", pa.string()), ("local_ip
                         ("direction", pa.string()), ("bytes", pa.int64()), ("packets", pa.int64())])
 REJECT_ROWS = pa.schema([("source", pa.string()), ("input_file", pa.string()), ("record", pa.string()),
                          ("reason", pa.string()), ("ts", _TS)])
-_PARTS = {"summary": SUMMARY, "hourly": HOURLY_PARTS, "panes": PANE_PARTS, "rejects": REJECT_ROWS}
+#: Per-hour Σ bytes and rows of raw detail (what a freeze task read, for the ledger's reconciliation).
+RAW_SUMS = pa.schema([("hour", _TS), ("bytes", pa.int64()), ("packets", pa.int64())])
+_PARTS = {"summary": SUMMARY, "hourly": HOURLY_PARTS, "panes": PANE_PARTS, "rejects": REJECT_ROWS, "raw": RAW_SUMS}
 
 
 @dataclass(frozen=True)
@@ -254,9 +256,14 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
 
 
 def _save(rules: Rules, what: str, chunk: int, table: pa.Table) -> None:
+    save_part(rules.scratch, what, chunk, rules.attempt, table)
+
+
+def save_part(scratch: str, what: str, chunk: int, attempt: int, table: pa.Table) -> None:
+    """Leave one kind of part of one task in the scratch folder (read back with ``read_parts``)."""
     import pyarrow.feather as feather
 
-    feather.write_feather(table.cast(_PARTS[what]), str(part_path(rules.scratch, what, chunk, rules.attempt)),
+    feather.write_feather(table.cast(_PARTS[what]), str(part_path(scratch, what, chunk, attempt)),
                           compression="uncompressed")
 
 

@@ -370,6 +370,19 @@ def _validate_side_tables(warehouse: Warehouse, check, keys: list[str], periods:
             check.validate(name, warehouse.table(name).read(keys=present), covered, asset=f"{name}.{step}")
 
 
+@dataclass
+class _Recomputed:
+    """A freeze's hours recomputed from raw detail: final rows and panes (Arrow or Spark), per-hour raw
+    Σ (bytes, rows), the rows differing from the open ones, and the raw detail as Spark reads it (checks)."""
+
+    final: object
+    final_panes: object
+    raw: dict[datetime, tuple[int, int]]
+    differing: dict[datetime, int]
+    packets: object
+    cached: tuple = ()
+
+
 def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dict[datetime, str]:
     """Write final rows and panes, check them and write the ledger rows for ``hours`` in one pass.
 
@@ -377,29 +390,18 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     and the value it failed with. A failed hour keeps its final rows but is not published
     (``dq_status = failed``), so no day is rolled up over it.
     """
-    from pyspark.sql import functions as F
-
-    from traffic import panes as P
-    from traffic import transforms as T
+    from traffic.delta import RsTable
 
     check = check or _validation(warehouse, "freeze", [("hour", h) for h in hours])
     keys = [cluster_key(h, "hour") for h in hours]
     periods = [("hour", h) for h in hours]
-    from pyspark import StorageLevel
-
-    # Many hours at once (a replay, a catch-up) are cached on local disk, not in the JVM heap.
-    packets = warehouse.table("packets").read(keys=keys).persist(
-        StorageLevel.DISK_ONLY if len(hours) > 24 else StorageLevel.MEMORY_AND_DISK_DESER)
-    final = T.hourly_totals(packets, "final").persist()
-    open_rows = warehouse.table("hourly").read(keys=keys)
-    # Built-in check: the open rows the micro-batches maintained equal the totals recomputed from raw detail.
-    differing = _rows_differing(final, open_rows)
-    raw = {_utc_hour(k): v for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
-    warehouse.table("hourly").replace(final, keys=keys, op="freeze")
+    # delta-rs tables list their own parquet files, so tasks read them with Arrow; a delta-spark
+    # table may hold deletion vectors its files alone do not show, so Spark reads it.
+    recompute = _recompute_arrow if isinstance(warehouse.table("packets"), RsTable) else _recompute_spark
+    totals = recompute(warehouse, keys)
+    warehouse.table("hourly").replace(totals.final, keys=keys, op="freeze")
     stored = _arrow_sums(warehouse.table("hourly").read_arrow(keys=keys, columns=["hour", "bytes", "packets"]), "hour")
-    # The hour's final panes, from the same raw detail, attributed with the mapping in force at each pane.
-    final_panes = P.pane_totals(packets, P.Mapping.of(warehouse.settings.accounts_file), "final").persist()
-    warehouse.table("panes").replace(final_panes, keys=keys, op="freeze")
+    warehouse.table("panes").replace(totals.final_panes, keys=keys, op="freeze")
     pane_sums = _arrow_sums(warehouse.table("panes").read_arrow(keys=keys, columns=["hour", "bytes", "packets"]),
                             "hour")
 
@@ -413,7 +415,7 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
         late_bytes, late_packets = late_totals.get(hour, (0, 0))
         reporting, expected, active = completeness[hour]
         table_bytes, table_packets = stored.get(hour, (0, 0))
-        source = raw.get(hour)
+        source_bytes, source_packets = totals.raw.get(hour, (0, 0))
         rows.append({
             "grain": "hour", "period_start": hour, "bytes": table_bytes, "packets": table_packets,
             "late_bytes": late_bytes, "late_packets": late_packets,
@@ -422,18 +424,17 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
             "dq_status": None, "restated": None, "dq_note": None,
             # reconciliation (checked by the `periods` suite, not stored)
             "table_bytes": table_bytes, "table_packets": table_packets,
-            "source_bytes": int(source["bytes"]) if source else 0, "source_packets": int(source["packets"]) if source else 0,
-            "late_kept_bytes": late_kept[hour], "rows_differing": differing.get(hour, 0),
+            "source_bytes": source_bytes, "source_packets": source_packets,
+            "late_kept_bytes": late_kept[hour], "rows_differing": totals.differing.get(hour, 0),
             "panes_bytes": pane_sums.get(hour, (0, 0))[0], "panes_packets": pane_sums.get(hour, (0, 0))[1],
         })
-    check.validate("packets", packets, periods, asset="packets.freeze")
+    check.validate("packets", totals.packets, periods, asset="packets.freeze")
     _validate_side_tables(warehouse, check, keys, periods, "freeze")
-    check.validate("hourly", final, periods, asset="hourly.freeze")
-    check.validate("panes", final_panes, periods, asset="panes.freeze")
+    check.validate("hourly", totals.final, periods, asset="hourly.freeze")
+    check.validate("panes", totals.final_panes, periods, asset="panes.freeze")
     check.validate("periods", _ledger_frame(rows), periods, asset="periods.freeze")
-    packets.unpersist()
-    final.unpersist()
-    final_panes.unpersist()
+    for frame in totals.cached:
+        frame.unpersist()
     failed: dict[datetime, str] = {}
     for row in rows:
         row["dq_status"], row["dq_note"] = check.status("hour", row["period_start"])
@@ -442,6 +443,54 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     check.record()
     st.write_ledger_rows(warehouse, _store(rows), op="freeze")
     return failed
+
+
+def _recompute_arrow(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
+    """Recompute with Arrow in Spark tasks (``traffic.freeze_tasks``); the driver sums their parts."""
+    from traffic import batch_tasks as B
+    from traffic import freeze_tasks as F
+    from traffic import panes as P
+    from traffic.ingest import task_slots
+
+    table = warehouse.table("packets")
+    files = [(str(table.path / f.path), f.size) for f in table.files(keys=keys)]
+    # Two tasks per slot: an uneven split leaves a core idle for less of the job.
+    groups = F.share_out(files, 2 * task_slots(warehouse.settings))
+    scratch = warehouse.scratch("freeze")
+    if groups:
+        warehouse.spark.range(0, len(groups), 1, len(groups)) \
+            .mapInArrow(F.task_function(groups, str(scratch)), F.OUTCOME_DDL).collect()
+    attempts = {task: 0 for task in range(len(groups))}
+    final = B.sum_hourly(B.read_parts(str(scratch), "hourly", attempts), "final")
+    final_panes = P.pane_rows(B.read_parts(str(scratch), "panes", attempts),
+                              P.Mapping.of(warehouse.settings.accounts_file), "final")
+    raw = F.combine(B.read_parts(str(scratch), "raw", attempts), "raw")
+    warehouse.drop_scratch(scratch)
+    open_rows = warehouse.table("hourly").read_arrow(keys=keys)
+    return _Recomputed(final, final_panes,
+                       {h: (b or 0, n) for h, (b, n) in _arrow_sums(raw, "hour").items()},
+                       _arrow_rows_differing(final, open_rows), table.read(keys=keys))
+
+
+def _recompute_spark(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
+    """Recompute with Spark over the table as Spark reads it (delta-spark engine)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from traffic import panes as P
+    from traffic import transforms as T
+
+    # Many hours at once (a replay, a catch-up) are cached on local disk, not in the JVM heap.
+    packets = warehouse.table("packets").read(keys=keys).persist(
+        StorageLevel.DISK_ONLY if len(keys) > 24 else StorageLevel.MEMORY_AND_DISK_DESER)
+    final = T.hourly_totals(packets, "final").persist()
+    # Built-in check: the open rows the micro-batches maintained equal the totals recomputed from raw detail.
+    differing = _rows_differing(final, warehouse.table("hourly").read(keys=keys))
+    raw = {_utc_hour(k): (int(v["bytes"] or 0), int(v["packets"]))
+           for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
+    # The hour's final panes, from the same raw detail, attributed with the mapping in force at each pane.
+    final_panes = P.pane_totals(packets, P.Mapping.of(warehouse.settings.accounts_file), "final").persist()
+    return _Recomputed(final, final_panes, raw, differing, packets, (packets, final, final_panes))
 
 
 def _rows_differing(final, open_rows) -> dict[datetime, int]:
@@ -469,6 +518,34 @@ def _rows_differing(final, open_rows) -> dict[datetime, int]:
     rows = F.when(both & same, 0).when(both, 2).otherwise(1)
     return {_utc_hour(r["hour"]): r["n"] for r in
             joined.groupBy("hour").agg(F.sum(rows).alias("n")).where(F.col("n") > 0).collect()}
+
+
+def _arrow_rows_differing(final: pa.Table, open_rows: pa.Table) -> dict[datetime, int]:
+    """``_rows_differing`` of two Arrow tables (the same full outer join; a null key equals a null key)."""
+    from traffic.batch_tasks import group_sums
+
+    key = ["hour", "local_ip", "remote_ip"]
+    amounts = ("bytes", "packets", "bytes_in", "bytes_out")
+    missing = "\x00null"
+
+    def side(table: pa.Table, tag: str) -> pa.Table:
+        columns = {c: table.column(c).cast(final.schema.field(c).type) for c in key}
+        columns.update({c: pc.fill_null(columns[c], missing) for c in key[1:]})
+        columns.update({f"{tag}_{c}": table.column(c).cast(pa.int64()) for c in amounts})
+        columns[f"{tag}_row"] = pa.repeat(pa.scalar(1, pa.int64()), table.num_rows)
+        return pa.table(columns)
+
+    joined = side(final, "a").join(side(open_rows, "b"), keys=key, join_type="full outer")
+    same = pa.repeat(pa.scalar(True), joined.num_rows)
+    for c in amounts:
+        a, b = joined.column(f"a_{c}"), joined.column(f"b_{c}")
+        equal = pc.if_else(pc.and_(pc.is_null(a), pc.is_null(b)), True, pc.fill_null(pc.equal(a, b), False))
+        same = pc.and_(same, equal)
+    both = pc.and_(pc.is_valid(joined.column("a_row")), pc.is_valid(joined.column("b_row")))
+    rows = pc.if_else(both, pc.if_else(same, 0, 2), 1)
+    per_hour = group_sums(pa.table({"hour": joined.column("hour"), "n": rows}), ["hour"], {"n": ("n", "sum")})
+    return {_utc_hour(h): n for h, n in zip(per_hour.column("hour").to_pylist(), per_hour.column("n").to_pylist())
+            if n > 0}
 
 
 def _completeness(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime, tuple[int, int, int]]:

@@ -241,7 +241,7 @@ def test_large_batches_are_validated_by_gx_spark_engine_with_the_same_verdict(st
 
 def test_rows_differing_counts_the_multiset_difference_both_ways(spark):
     """The freeze's built-in check: per hour, rows of either side without an equal row on the other."""
-    from traffic.close import _rows_differing
+    from traffic.close import _arrow_rows_differing, _rows_differing
 
     schema = "hour timestamp, local_ip string, remote_ip string, bytes long, packets long, bytes_in long, bytes_out long"
     h1, h2, h3 = (datetime(2026, 10, 31, h, tzinfo=UTC) for h in (20, 21, 22))
@@ -254,9 +254,57 @@ def test_rows_differing_counts_the_multiset_difference_both_ways(spark):
                                        (h3, "10.0.0.4", "192.0.2.4", 1, 1, 1, 0)], schema)  # open side only: 1
     # h2: one pair differs (2) and one is on the final side only (1); h1 equal; h3 one extra open row.
     assert _rows_differing(final, open_rows) == {h2: 3, h3: 1}
+    # The Arrow twin the delta-rs freeze uses counts the same.
+    assert _arrow_rows_differing(final.toArrow(), open_rows.toArrow()) == {h2: 3, h3: 1}
     expected = {}
     cols = ["hour", "local_ip", "remote_ip", "bytes", "packets", "bytes_in", "bytes_out"]
     for row in final.select(*cols).exceptAll(open_rows.select(*cols)).union(
             open_rows.select(*cols).exceptAll(final.select(*cols))).collect():
         expected[row["hour"].replace(tzinfo=UTC)] = expected.get(row["hour"].replace(tzinfo=UTC), 0) + 1
     assert expected == {h2: 3, h3: 1}
+
+
+def test_freeze_recomputes_the_same_with_arrow_tasks_as_with_spark(spark, tmp_path):
+    """The delta-rs freeze recomputes hours in Arrow tasks; it must give what Spark's recompute gives.
+
+    Two batches leave two raw files per hour, shared out over more tasks than hours; an open row is
+    tampered with so both sides also find the same differing rows.
+    """
+    from traffic.close import _recompute_arrow, _recompute_spark
+    from traffic.delta import cluster_key
+
+    harness = Harness(tmp_path / "w", spark)
+    r2 = _stream("r2", "10.0.0.2").splitlines()
+    harness.deliver("r2", "\n".join(line for line in r2 if line.count(",") > 2) + "\n")
+    harness.ingest()
+    harness.deliver("r1", _stream("r1", "10.0.0.1"))
+    harness.deliver("r2", "\n".join(line for line in r2 if line.count(",") == 2) + "\n")
+    harness.deliver("r3", feed_line(START + timedelta(minutes=7), "10.0.0.9", "198.51.100.1", 1, 2, 60000) + "\n")
+    harness.ingest()
+    warehouse = Warehouse(harness.settings, spark=spark, engine="rs")
+    hourly = warehouse.table("hourly")
+    rows = hourly.read_arrow(keys=[cluster_key(H22, "hour")])
+    bumped = pa.array([b + 1 if i == 0 else b for i, b in enumerate(rows.column("bytes").to_pylist())], pa.int64())
+    hourly.replace(rows.set_column(rows.column_names.index("bytes"), "bytes", bumped), keys=[cluster_key(H22, "hour")])
+    hours = [START + timedelta(hours=i) for i in range(5)]
+    keys = [cluster_key(h, "hour") for h in hours]
+    assert len(warehouse.table("packets").files(keys=keys)) > len(keys)
+
+    arrow, spark_side = _recompute_arrow(warehouse, keys), _recompute_spark(warehouse, keys)
+    try:
+        def rows_of(frame, columns):
+            table = frame if isinstance(frame, pa.Table) else frame.toArrow()
+            return sorted(tuple(r[c] for c in columns) for r in table.select(columns).to_pylist())
+
+        hourly_columns = ["hour", "local_ip", "remote_ip", "bytes", "packets", "bytes_in", "bytes_out", "day", "status"]
+        assert rows_of(arrow.final, hourly_columns) == rows_of(spark_side.final, hourly_columns)
+        pane_columns = ["pane_start", "source", "account", "direction", "mapping_version", "hour", "bytes", "packets",
+                        "status"]
+        assert rows_of(arrow.final_panes, pane_columns) == rows_of(spark_side.final_panes, pane_columns)
+        raw_rows = warehouse.table("packets").read_arrow(keys=keys).num_rows
+        assert arrow.raw == spark_side.raw and sum(n for _, n in arrow.raw.values()) == raw_rows
+        assert arrow.differing == spark_side.differing == {H22: 2}
+        assert arrow.packets.count() == spark_side.packets.count() == raw_rows
+    finally:
+        for frame in spark_side.cached:
+            frame.unpersist()

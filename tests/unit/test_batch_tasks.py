@@ -135,3 +135,41 @@ def test_rows_in_time_order_are_split_by_key_the_same_way(tmp_path):
     columns = pq.read_metadata(tmp_path / "k=2026-11-01T12" / "part.parquet").row_group(0)
     stats = {columns.column(i).path_in_schema: columns.column(i).is_stats_set for i in range(columns.num_columns)}
     assert stats["ts"] and stats["hour"] and stats["batch_id"] and not stats["local_ip"]
+
+
+def test_freeze_files_are_shared_out_once_each_by_size():
+    from traffic.freeze_tasks import share_out
+
+    files = [(f"f{i}", size) for i, size in enumerate([90, 10, 40, 40, 30, 30, 5, 5])]
+    groups = share_out(files, 4)
+    assert sorted(p for g in groups for p in g) == sorted(p for p, _ in files)
+    sizes = dict(files)
+    loads = sorted(sum(sizes[p] for p in g) for g in groups)
+    # Largest first, each to the lightest group: the 90 alone, the rest within 50-60 (a round-robin gives 130).
+    assert len(groups) == 4 and loads == [50, 50, 60, 90] and groups[0] == ["f0"]
+    assert share_out(files[:2], 4) == [["f0"], ["f1"]]
+    assert share_out([], 4) == []
+
+
+def test_a_freeze_task_leaves_the_parts_of_the_files_it_read(tmp_path):
+    """Parts from two files of one hour sum to the hour's totals, as an ingest task's parts do."""
+    from traffic.freeze_tasks import COLUMNS, recompute
+
+    hour = datetime(2026, 11, 1, 10, tzinfo=UTC)
+    rows = [(hour + timedelta(minutes=m), "r1", "10.0.0.1", "192.0.2.1", size, d)
+            for m, size, d in ((1, 100, "in"), (2, 50, "out"), (7, 30, None), (8, None, "in"))]
+    for i, part in enumerate((rows[:2], rows[2:])):
+        table = pa.table({c: [r[j] for r in part] for j, c in enumerate(["ts", "source", "local_ip", "remote_ip",
+                                                                          "bytes", "direction"])})
+        table = table.append_column("hour", pa.array([hour] * len(part), pa.timestamp("us", tz="UTC")))
+        pq.write_table(table.select(COLUMNS), tmp_path / f"{i}.parquet")
+    (tmp_path / "scratch").mkdir()
+    outcome = recompute([str(tmp_path / "0.parquet"), str(tmp_path / "1.parquet")], str(tmp_path / "scratch"), 3)
+    assert outcome == {"task": 3, "rows": 4}
+    hourly = B.read_parts(str(tmp_path / "scratch"), "hourly", {3: 0}).to_pylist()
+    assert [(r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"]) for r in hourly] == [(180, 4, 100, 50)]
+    raw = B.read_parts(str(tmp_path / "scratch"), "raw", {3: 0}).to_pylist()
+    assert [(r["hour"], r["bytes"], r["packets"]) for r in raw] == [(hour, 180, 4)]
+    panes = sorted((r["pane_start"].minute, r["direction"] or "", r["bytes"], r["packets"])
+                   for r in B.read_parts(str(tmp_path / "scratch"), "panes", {3: 0}).to_pylist())
+    assert panes == [(0, "in", 100, 1), (0, "out", 50, 1), (5, "", 30, 1), (5, "in", None, 1)]
