@@ -53,9 +53,16 @@ PANE_PARTS = pa.schema([("pane_start", _TS), ("source", pa.string()), ("local_ip
                         ("direction", pa.string()), ("bytes", pa.int64()), ("packets", pa.int64())])
 REJECT_ROWS = pa.schema([("source", pa.string()), ("input_file", pa.string()), ("record", pa.string()),
                          ("reason", pa.string()), ("ts", _TS)])
+#: Per hour, rows of the open and the recomputed side without an equal row on the other (a freeze's check).
+DIFFERING = pa.schema([("hour", _TS), ("n", pa.int64())])
+#: Pane parts attributed to accounts (``panes.attributed_parts``), as freeze tasks leave them.
+ACCOUNT_PARTS = pa.schema([("pane_start", _TS), ("source", pa.string()), ("account", pa.string()),
+                           ("direction", pa.string()), ("mapping_version", pa.string()), ("bytes", pa.int64()),
+                           ("packets", pa.int64())])
 #: Per-hour Σ bytes and rows of raw detail (what a freeze task read, for the ledger's reconciliation).
 RAW_SUMS = pa.schema([("hour", _TS), ("bytes", pa.int64()), ("packets", pa.int64())])
-_PARTS = {"summary": SUMMARY, "hourly": HOURLY_PARTS, "panes": PANE_PARTS, "rejects": REJECT_ROWS, "raw": RAW_SUMS}
+_PARTS = {"summary": SUMMARY, "hourly": HOURLY_PARTS, "panes": PANE_PARTS, "rejects": REJECT_ROWS, "raw": RAW_SUMS,
+          "accounts": ACCOUNT_PARTS, "differing": DIFFERING}
 
 
 @dataclass(frozen=True)

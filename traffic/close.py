@@ -372,8 +372,9 @@ def _validate_side_tables(warehouse: Warehouse, check, keys: list[str], periods:
 
 @dataclass
 class _Recomputed:
-    """A freeze's hours recomputed from raw detail: final rows and panes (Arrow or Spark), per-hour raw
-    Σ (bytes, rows), the rows differing from the open ones, and the raw detail as Spark reads it (checks)."""
+    """A freeze's hours recomputed from raw detail: final rows and panes to commit (staged files or Spark
+    frames), per-hour raw Σ (bytes, rows), the rows differing from the open ones, and the raw detail as
+    Spark reads it (for the checks)."""
 
     final: object
     final_panes: object
@@ -430,8 +431,9 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
         })
     check.validate("packets", totals.packets, periods, asset="packets.freeze")
     _validate_side_tables(warehouse, check, keys, periods, "freeze")
-    check.validate("hourly", totals.final, periods, asset="hourly.freeze")
-    check.validate("panes", totals.final_panes, periods, asset="panes.freeze")
+    # The final rows and panes as stored (an Arrow freeze wrote them from its tasks).
+    check.validate("hourly", warehouse.table("hourly").read(keys=keys), periods, asset="hourly.freeze")
+    check.validate("panes", warehouse.table("panes").read(keys=keys), periods, asset="panes.freeze")
     check.validate("periods", _ledger_frame(rows), periods, asset="periods.freeze")
     for frame in totals.cached:
         frame.unpersist()
@@ -446,30 +448,41 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
 
 
 def _recompute_arrow(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
-    """Recompute with Arrow in Spark tasks (``traffic.freeze_tasks``); the driver sums their parts."""
+    """Recompute in Arrow tasks (``traffic.freeze_tasks``) that write the hours' final rows and panes
+    to staged folders; the driver only sums the tasks' per-hour raw totals and differing rows."""
     from traffic import batch_tasks as B
     from traffic import freeze_tasks as F
     from traffic import panes as P
     from traffic.ingest import task_slots
 
-    table = warehouse.table("packets")
-    files = [(str(table.path / f.path), f.size) for f in table.files(keys=keys)]
+    packets, hourly = warehouse.table("packets"), warehouse.table("hourly")
+    raw_files: dict[str, list] = {}
+    for f in packets.files(keys=keys):
+        raw_files.setdefault(f.key, []).append(f)
+    open_files: dict[str, list] = {}
+    for f in hourly.files(keys=keys):
+        open_files.setdefault(f.key, []).append(f)
+    hours = [(F.Hour(key, tuple(str(packets.path / f.path) for f in raw_files.get(key, ())),
+                     tuple(str(hourly.path / f.path) for f in open_files.get(key, ()))),
+              sum(f.size for f in raw_files.get(key, ())))
+             for key in keys if key in raw_files or key in open_files]
     # Two tasks per slot: an uneven split leaves a core idle for less of the job.
-    groups = F.share_out(files, 2 * task_slots(warehouse.settings))
+    groups = F.share_out(hours, 2 * task_slots(warehouse.settings))
     scratch = warehouse.scratch("freeze")
+    job = F.Job(str(scratch), hourly.staging(), warehouse.table("panes").staging(),
+                P.Mapping.of(warehouse.settings.accounts_file))
     if groups:
         warehouse.spark.range(0, len(groups), 1, len(groups)) \
-            .mapInArrow(F.task_function(groups, str(scratch)), F.OUTCOME_DDL).collect()
+            .mapInArrow(F.task_function(groups, job), F.OUTCOME_DDL).collect()
     attempts = {task: 0 for task in range(len(groups))}
-    final = B.sum_hourly(B.read_parts(str(scratch), "hourly", attempts), "final")
-    final_panes = P.pane_rows(B.read_parts(str(scratch), "panes", attempts),
-                              P.Mapping.of(warehouse.settings.accounts_file), "final")
     raw = F.combine(B.read_parts(str(scratch), "raw", attempts), "raw")
+    differing = B.read_parts(str(scratch), "differing", attempts)
     warehouse.drop_scratch(scratch)
-    open_rows = warehouse.table("hourly").read_arrow(keys=keys)
-    return _Recomputed(final, final_panes,
+    return _Recomputed(job.hourly, job.panes,
                        {h: (b or 0, n) for h, (b, n) in _arrow_sums(raw, "hour").items()},
-                       _arrow_rows_differing(final, open_rows), table.read(keys=keys))
+                       {_utc_hour(h): n for h, n in zip(differing.column("hour").to_pylist(),
+                                                        differing.column("n").to_pylist())},
+                       packets.read(keys=keys))
 
 
 def _recompute_spark(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
@@ -518,34 +531,6 @@ def _rows_differing(final, open_rows) -> dict[datetime, int]:
     rows = F.when(both & same, 0).when(both, 2).otherwise(1)
     return {_utc_hour(r["hour"]): r["n"] for r in
             joined.groupBy("hour").agg(F.sum(rows).alias("n")).where(F.col("n") > 0).collect()}
-
-
-def _arrow_rows_differing(final: pa.Table, open_rows: pa.Table) -> dict[datetime, int]:
-    """``_rows_differing`` of two Arrow tables (the same full outer join; a null key equals a null key)."""
-    from traffic.batch_tasks import group_sums
-
-    key = ["hour", "local_ip", "remote_ip"]
-    amounts = ("bytes", "packets", "bytes_in", "bytes_out")
-    missing = "\x00null"
-
-    def side(table: pa.Table, tag: str) -> pa.Table:
-        columns = {c: table.column(c).cast(final.schema.field(c).type) for c in key}
-        columns.update({c: pc.fill_null(columns[c], missing) for c in key[1:]})
-        columns.update({f"{tag}_{c}": table.column(c).cast(pa.int64()) for c in amounts})
-        columns[f"{tag}_row"] = pa.repeat(pa.scalar(1, pa.int64()), table.num_rows)
-        return pa.table(columns)
-
-    joined = side(final, "a").join(side(open_rows, "b"), keys=key, join_type="full outer")
-    same = pa.repeat(pa.scalar(True), joined.num_rows)
-    for c in amounts:
-        a, b = joined.column(f"a_{c}"), joined.column(f"b_{c}")
-        equal = pc.if_else(pc.and_(pc.is_null(a), pc.is_null(b)), True, pc.fill_null(pc.equal(a, b), False))
-        same = pc.and_(same, equal)
-    both = pc.and_(pc.is_valid(joined.column("a_row")), pc.is_valid(joined.column("b_row")))
-    rows = pc.if_else(both, pc.if_else(same, 0, 2), 1)
-    per_hour = group_sums(pa.table({"hour": joined.column("hour"), "n": rows}), ["hour"], {"n": ("n", "sum")})
-    return {_utc_hour(h): n for h, n in zip(per_hour.column("hour").to_pylist(), per_hour.column("n").to_pylist())
-            if n > 0}
 
 
 def _completeness(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime, tuple[int, int, int]]:

@@ -114,17 +114,37 @@ def pane_rows(per_address, mapping: Mapping, status: str, existing=None):
     """
     import pyarrow as pa
 
-    from traffic.batch_tasks import floor_to, group_sums
+    rows = attributed_parts(per_address, mapping)
+    if existing is not None:
+        rows = pa.concat_tables([rows, existing.select([*KEY, "bytes", "packets"]).cast(rows.schema)])
+    return sum_pane_rows(rows, status)
+
+
+def attributed_parts(per_address, mapping: Mapping):
+    """Per-address pane parts → per (pane, source, account, direction, mapping version) sums.
+
+    Attribution is per address and pane, so parts attributed apart and summed equal parts
+    summed and then attributed: a freeze task attributes its own parts (``traffic.freeze_tasks``).
+    """
+    import pyarrow as pa
+
+    from traffic.batch_tasks import group_sums
 
     amounts = {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")}
     summed = group_sums(per_address, ["pane_start", "source", "local_ip", "direction"], amounts)
     attributed = pa.Table.from_batches(list(_attribute(mapping)(iter(summed.to_batches()))),
                                        schema=summed.schema.append(pa.field("account", pa.string()))
                                        .append(pa.field("mapping_version", pa.string())))
-    rows = attributed.select([*KEY, "bytes", "packets"])
-    if existing is not None:
-        rows = pa.concat_tables([rows, existing.select([*KEY, "bytes", "packets"]).cast(rows.schema)])
-    grouped = group_sums(rows, list(KEY), amounts)
+    return group_sums(attributed.select([*KEY, "bytes", "packets"]), list(KEY), amounts)
+
+
+def sum_pane_rows(rows, status: str):
+    """Attributed pane parts (or rows) summed per pane key, as ``panes`` rows with ``status``."""
+    import pyarrow as pa
+
+    from traffic.batch_tasks import floor_to, group_sums
+
+    grouped = group_sums(rows, list(KEY), {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")})
     return grouped.append_column("hour", floor_to(grouped.column("pane_start"), 3_600_000_000)) \
                   .append_column("status", pa.repeat(pa.scalar(status), grouped.num_rows))
 

@@ -253,7 +253,7 @@ class Validation:
     # -- running suites -----------------------------------------------------------------------
     def validate(self, suite: str, frame, periods: Iterable[tuple[str, datetime]], asset: str | None = None,
                  table: str | None = None) -> list[Outcome]:
-        """Run ``suite`` once over ``frame`` (Spark or Arrow, or pandas for the ledger); attribute results to periods."""
+        """Run ``suite`` once over ``frame`` (Spark, or pandas for the ledger) and attribute results to periods."""
         import time
 
         from great_expectations.core.run_identifier import RunIdentifier
@@ -263,9 +263,6 @@ class Validation:
         meta = doc.get("meta", {})
         engine = meta.get("engine", "spark")
         if engine == "spark":
-            if isinstance(frame, pa.Table):
-                # The suite's derived columns are Spark SQL; Spark computes them for Arrow rows too.
-                frame = self.warehouse.spark.createDataFrame(frame)
             if meta.get("view"):
                 frame = frame.selectExpr("*", *[f"{expr} AS `{name}`" for name, expr in meta["view"].items()])
             if frame.count() <= DRIVER_ROWS:

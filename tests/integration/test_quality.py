@@ -241,7 +241,8 @@ def test_large_batches_are_validated_by_gx_spark_engine_with_the_same_verdict(st
 
 def test_rows_differing_counts_the_multiset_difference_both_ways(spark):
     """The freeze's built-in check: per hour, rows of either side without an equal row on the other."""
-    from traffic.close import _arrow_rows_differing, _rows_differing
+    from traffic.close import _rows_differing
+    from traffic.freeze_tasks import rows_differing
 
     schema = "hour timestamp, local_ip string, remote_ip string, bytes long, packets long, bytes_in long, bytes_out long"
     h1, h2, h3 = (datetime(2026, 10, 31, h, tzinfo=UTC) for h in (20, 21, 22))
@@ -254,8 +255,9 @@ def test_rows_differing_counts_the_multiset_difference_both_ways(spark):
                                        (h3, "10.0.0.4", "192.0.2.4", 1, 1, 1, 0)], schema)  # open side only: 1
     # h2: one pair differs (2) and one is on the final side only (1); h1 equal; h3 one extra open row.
     assert _rows_differing(final, open_rows) == {h2: 3, h3: 1}
-    # The Arrow twin the delta-rs freeze uses counts the same.
-    assert _arrow_rows_differing(final.toArrow(), open_rows.toArrow()) == {h2: 3, h3: 1}
+    # The Arrow twin the delta-rs freeze tasks use counts the same.
+    arrow = rows_differing(final.toArrow(), open_rows.toArrow())
+    assert dict(zip(arrow.column("hour").to_pylist(), arrow.column("n").to_pylist())) == {h2: 3, h3: 1}
     expected = {}
     cols = ["hour", "local_ip", "remote_ip", "bytes", "packets", "bytes_in", "bytes_out"]
     for row in final.select(*cols).exceptAll(open_rows.select(*cols)).union(
@@ -270,10 +272,17 @@ def test_freeze_recomputes_the_same_with_arrow_tasks_as_with_spark(spark, tmp_pa
     Two batches leave two raw files per hour, shared out over more tasks than hours; an open row is
     tampered with so both sides also find the same differing rows.
     """
-    from traffic.close import _recompute_arrow, _recompute_spark
-    from traffic.delta import cluster_key
+    import pyarrow.parquet as pq
 
-    harness = Harness(tmp_path / "w", spark)
+    from traffic.close import _recompute_arrow, _recompute_spark
+    from traffic.delta import Staged, cluster_key
+
+    accounts = tmp_path / "accounts.toml"
+    accounts.write_text('[[version]]\nname = "v1"\neffective_from = 2026-10-01\n'
+                        '[version.accounts]\nacme = ["10.0.0.2/32"]\n\n'
+                        '[[version]]\nname = "v2"\neffective_from = 2026-10-31T22:35:00Z\n'
+                        '[version.accounts]\nbeta = ["10.0.0.0/30"]\n')
+    harness = Harness(tmp_path / "w", spark, accounts_file=accounts)
     r2 = _stream("r2", "10.0.0.2").splitlines()
     harness.deliver("r2", "\n".join(line for line in r2 if line.count(",") > 2) + "\n")
     harness.ingest()
@@ -293,7 +302,10 @@ def test_freeze_recomputes_the_same_with_arrow_tasks_as_with_spark(spark, tmp_pa
     arrow, spark_side = _recompute_arrow(warehouse, keys), _recompute_spark(warehouse, keys)
     try:
         def rows_of(frame, columns):
-            table = frame if isinstance(frame, pa.Table) else frame.toArrow()
+            if isinstance(frame, Staged):  # what the Arrow tasks wrote, not yet committed
+                table = pa.concat_tables([pq.read_table(p) for p in sorted(Path(frame.folder).rglob("*.parquet"))])
+            else:
+                table = frame.toArrow()
             return sorted(tuple(r[c] for c in columns) for r in table.select(columns).to_pylist())
 
         hourly_columns = ["hour", "local_ip", "remote_ip", "bytes", "packets", "bytes_in", "bytes_out", "day", "status"]
@@ -301,6 +313,10 @@ def test_freeze_recomputes_the_same_with_arrow_tasks_as_with_spark(spark, tmp_pa
         pane_columns = ["pane_start", "source", "account", "direction", "mapping_version", "hour", "bytes", "packets",
                         "status"]
         assert rows_of(arrow.final_panes, pane_columns) == rows_of(spark_side.final_panes, pane_columns)
+        # Both mapping versions are in play, each with its own account: attribution happened in the tasks.
+        assert {(account, version.split("@")[0]) for account, version in
+                rows_of(arrow.final_panes, ["account", "mapping_version"])} == {
+            ("acme", "v1"), ("beta", "v2")}
         raw_rows = warehouse.table("packets").read_arrow(keys=keys).num_rows
         assert arrow.raw == spark_side.raw and sum(n for _, n in arrow.raw.values()) == raw_rows
         assert arrow.differing == spark_side.differing == {H22: 2}

@@ -151,9 +151,11 @@ def test_freeze_files_are_shared_out_once_each_by_size():
     assert share_out([], 4) == []
 
 
-def test_a_freeze_task_leaves_the_parts_of_the_files_it_read(tmp_path):
-    """Parts from two files of one hour sum to the hour's totals, as an ingest task's parts do."""
-    from traffic.freeze_tasks import COLUMNS, recompute
+def test_a_freeze_task_writes_an_hour_from_its_files_and_compares_it_with_the_open_rows(tmp_path):
+    """Two raw files of one hour sum to its final row and panes (written staged); an open row that
+    differs is counted twice (it and its final row), the hour's raw Σ is left for the ledger."""
+    from traffic.freeze_tasks import COLUMNS, Hour, Job, recompute
+    from traffic.panes import Mapping
 
     hour = datetime(2026, 11, 1, 10, tzinfo=UTC)
     rows = [(hour + timedelta(minutes=m), "r1", "10.0.0.1", "192.0.2.1", size, d)
@@ -163,13 +165,24 @@ def test_a_freeze_task_leaves_the_parts_of_the_files_it_read(tmp_path):
                                                                           "bytes", "direction"])})
         table = table.append_column("hour", pa.array([hour] * len(part), pa.timestamp("us", tz="UTC")))
         pq.write_table(table.select(COLUMNS), tmp_path / f"{i}.parquet")
+    open_row = pa.table({"hour": pa.array([hour], pa.timestamp("us", tz="UTC")), "local_ip": ["10.0.0.1"],
+                         "remote_ip": ["192.0.2.1"], "bytes": [150], "packets": [2], "bytes_in": [100],
+                         "bytes_out": [50]})
+    pq.write_table(open_row, tmp_path / "open.parquet")
     (tmp_path / "scratch").mkdir()
-    outcome = recompute([str(tmp_path / "0.parquet"), str(tmp_path / "1.parquet")], str(tmp_path / "scratch"), 3)
-    assert outcome == {"task": 3, "rows": 4}
-    hourly = B.read_parts(str(tmp_path / "scratch"), "hourly", {3: 0}).to_pylist()
-    assert [(r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"]) for r in hourly] == [(180, 4, 100, 50)]
+    job = Job(str(tmp_path / "scratch"), Staged("hourly", str(tmp_path / "h")), Staged("panes", str(tmp_path / "p")),
+              Mapping())
+    the_hour = Hour("2026-11-01T10", (str(tmp_path / "0.parquet"), str(tmp_path / "1.parquet")),
+                    (str(tmp_path / "open.parquet"),))
+    assert recompute([the_hour], job, 3) == {"task": 3, "rows": 4}
+    written = pq.read_table(tmp_path / "h" / "k=2026-11-01T10" / "part-c00003-a0.parquet").to_pylist()
+    assert [(r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"], r["status"]) for r in written] == [
+        (180, 4, 100, 50, "final")]
     raw = B.read_parts(str(tmp_path / "scratch"), "raw", {3: 0}).to_pylist()
     assert [(r["hour"], r["bytes"], r["packets"]) for r in raw] == [(hour, 180, 4)]
-    panes = sorted((r["pane_start"].minute, r["direction"] or "", r["bytes"], r["packets"])
-                   for r in B.read_parts(str(tmp_path / "scratch"), "panes", {3: 0}).to_pylist())
-    assert panes == [(0, "in", 100, 1), (0, "out", 50, 1), (5, "", 30, 1), (5, "in", None, 1)]
+    assert B.read_parts(str(tmp_path / "scratch"), "differing", {3: 0}).to_pylist() == [{"hour": hour, "n": 2}]
+    # Pane rows leave the task attributed to accounts (none here: every address unassigned).
+    panes = pq.read_table(tmp_path / "p" / "k=2026-11-01T10" / "part-c00003-a0.parquet").to_pylist()
+    assert {(r["account"], r["status"]) for r in panes} == {("unassigned", "final")}
+    assert sorted((r["pane_start"].minute, r["direction"] or "", r["bytes"], r["packets"]) for r in panes) == [
+        (0, "in", 100, 1), (0, "out", 50, 1), (5, "", 30, 1), (5, "in", None, 1)]
