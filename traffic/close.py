@@ -186,7 +186,7 @@ def close_locked(settings: Settings, warehouse: Warehouse, spark_factory, until:
         return result
     if len(plan.hours) > jvm.QUICK_MAX_HOURS:
         jvm.expect_big_job(f"a close of {len(plan.hours)} hours")
-    execute_close(Warehouse(settings, spark=spark_factory()), plan, result, progress)
+    execute_close(warehouse.with_spark(spark_factory()), plan, result, progress)
     return result
 
 

@@ -87,7 +87,7 @@ def ingest(settings: Settings, spark_factory: Callable[[], object], progress=pri
         if resumed:
             progress(f"resuming interrupted batch {plan['batch_id']}")
         announce_work(plan)
-        warehouse = Warehouse(settings, spark=spark_factory())
+        warehouse = warehouse.with_spark(spark_factory())
         result = complete(warehouse, plan, progress)
         result.resumed = resumed
         journal.clear()
@@ -102,7 +102,7 @@ def finish_pending(settings: Settings, warehouse: Warehouse, spark_factory, prog
         return False
     progress(f"finishing interrupted {plan.get('mode', 'ingest')} batch {plan['batch_id']} first")
     announce_work(plan)
-    complete(Warehouse(settings, spark=spark_factory()), plan, progress)
+    complete(warehouse.with_spark(spark_factory()), plan, progress)
     journal.clear()
     return True
 

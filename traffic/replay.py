@@ -104,7 +104,7 @@ def replay(settings: Settings, spark_factory: Callable[[], object], input_dir: P
             journal = inbox_mod.Journal(warehouse.state_dir())
             journal.save(plan)
             announce_work(plan)
-            result = complete(Warehouse(settings, spark=spark_factory()), plan, progress)
+            result = complete(warehouse.with_spark(spark_factory()), plan, progress)
             journal.clear()
         closed = close_locked(settings, warehouse, spark_factory, None, progress)
         return result, closed

@@ -113,3 +113,24 @@ def test_delete_where_rewrites_only_matching_files(warehouse):
     assert sorted(table.read_arrow().column("bytes").to_pylist()) == [5, 7]
     if warehouse.engine == "rs":
         assert {f.key for f in table.files()} == {"2026-11-01T10", "2026-11-01T11"}
+
+
+def test_rs_engine_refuses_a_table_with_delta_features_it_does_not_support(tmp_path):
+    """A table another writer upgraded (deletion vectors) is refused when a job first opens it, with the
+    features named; ``create_all`` leaves existing tables unopened (a job opens only what it uses)."""
+    from deltalake import DeltaTable, Schema
+
+    settings = load_settings(environ={}, overrides={"warehouse": tmp_path / "w", "inbox": tmp_path / "in"})
+    warehouse = Warehouse(settings, engine="rs")
+    warehouse.create_all()
+    DeltaTable.create(str(tmp_path / "w" / "dv"), schema=Schema.from_arrow(warehouse.table("hourly").arrow_schema),
+                      configuration={"delta.enableDeletionVectors": "true"})
+    import shutil
+
+    shutil.rmtree(tmp_path / "w" / "hourly")
+    (tmp_path / "w" / "dv").rename(tmp_path / "w" / "hourly")
+    fresh = Warehouse(settings, engine="rs")
+    fresh.create_all()
+    with pytest.raises(StorageError, match="deletionVectors"):
+        fresh.table("hourly").read_arrow()
+    assert fresh.table("clocks").read_arrow().num_rows == 0

@@ -17,6 +17,12 @@ def _lines(start: int, count: int, size: int = 100) -> str:
     return "".join(feed_line(T0 + timedelta(minutes=m), size=size) + "\n" for m in range(start, start + count))
 
 
+def _newer_than(path, counted_ns: int) -> None:
+    """Give a rewritten file an mtime other than the one it was counted with, even on a coarse clock,
+    and in the past: the inbox takes a file only once its mtime is ``min_file_age`` old, so a future one waits."""
+    os.utime(path, ns=(counted_ns + 1_000_000, counted_ns + 1_000_000))
+
+
 def test_same_content_under_another_name_counts_once_and_is_recorded(spark, tmp_path):
     harness = Harness(tmp_path, spark)
     harness.deliver("r1", _lines(0, 5), name="a.csv")
@@ -39,9 +45,10 @@ def test_appending_to_a_counted_file_counts_only_the_tail(spark, tmp_path):
     harness = Harness(tmp_path, spark)
     path = harness.deliver("r1", _lines(0, 3), name="feed.csv")
     harness.ingest()
+    counted = path.stat().st_mtime_ns
     with open(path, "a") as handle:
         handle.write(_lines(3, 2, size=7))
-    os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+    _newer_than(path, counted)
     result = harness.ingest()
     assert (result.packets_on_time, result.bytes_on_time) == (2, 14)
     assert sum(r["bytes"] for r in harness.table("packets")) == 314
@@ -53,8 +60,9 @@ def test_changing_a_counted_file_is_rejected_whole_with_a_reason(spark, tmp_path
     harness = Harness(tmp_path, spark)
     path = harness.deliver("r1", _lines(0, 3), name="feed.csv")
     harness.ingest()
+    counted = path.stat().st_mtime_ns
     path.write_text(_lines(0, 3, size=999))  # same size class, different content: not an append
-    os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+    _newer_than(path, counted)
     result = harness.ingest()
     assert (result.packets_on_time, result.records_rejected) == (0, 1)
     reject = harness.table("rejects")[0]
