@@ -475,7 +475,7 @@ def _recompute_arrow(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
         warehouse.spark.range(0, len(groups), 1, len(groups)) \
             .mapInArrow(F.task_function(groups, job), F.OUTCOME_DDL).collect()
     attempts = {task: 0 for task in range(len(groups))}
-    raw = F.combine(B.read_parts(str(scratch), "raw", attempts), "raw")
+    raw = F.sum_raw(B.read_parts(str(scratch), "raw", attempts))
     differing = B.read_parts(str(scratch), "differing", attempts)
     warehouse.drop_scratch(scratch)
     return _Recomputed(job.hourly, job.panes,

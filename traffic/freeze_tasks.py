@@ -37,10 +37,6 @@ COLUMNS = ["ts", "hour", "source", "local_ip", "remote_ip", "bytes", "direction"
 AMOUNTS = ("bytes", "packets", "bytes_in", "bytes_out")
 OUTCOME = pa.schema([("task", pa.int32()), ("rows", pa.int64())])
 OUTCOME_DDL = "task int, rows long"
-_SUMS = {"hourly": (["hour", "local_ip", "remote_ip"], AMOUNTS, HOURLY_PARTS),
-         "accounts": (["pane_start", "source", "account", "direction", "mapping_version"], ("bytes", "packets"),
-                      ACCOUNT_PARTS),
-         "raw": (["hour"], ("bytes", "packets"), RAW_SUMS)}
 T = TypeVar("T")
 
 
@@ -75,10 +71,13 @@ def share_out(items: Iterable[tuple[T, int]], tasks: int) -> list[list[T]]:
     return [g for g in groups if g]
 
 
-def combine(parts: pa.Table, what: str) -> pa.Table:
-    """Sum partial totals of one kind (``hourly``, ``accounts`` or ``raw``) per their key."""
-    keys, amounts, schema = _SUMS[what]
-    return group_sums(parts, keys, {c: (c, "sum") for c in amounts}, schema)
+def sum_raw(parts: pa.Table) -> pa.Table:
+    """Per-hour raw Σ bytes and rows from several parts."""
+    return group_sums(parts, ["hour"], {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")}, RAW_SUMS)
+
+
+def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def raw_sums(packets: pa.Table) -> pa.Table:
@@ -131,15 +130,14 @@ def freeze_hour(hour: Hour, job: Job, part: str) -> tuple[pa.Table, pa.Table, in
         parts["hourly"].append(hourly_parts(packets))
         parts["accounts"].append(attributed_parts(pane_parts(packets), job.mapping))
         parts["raw"].append(raw_sums(packets))
-    summed = {what: combine(pa.concat_tables(tables) if tables else _SUMS[what][2].empty_table(), what)
-              for what, tables in parts.items()}
-    final = sum_hourly(summed["hourly"], "final")
+    # Each sum groups the parts of all the hour's files by its key: the hour's final totals.
+    final = sum_hourly(_concat(parts["hourly"], HOURLY_PARTS), "final")
     write_staged(final, job.hourly, part)
-    write_staged(sum_pane_rows(summed["accounts"], "final"), job.panes, part)
+    write_staged(sum_pane_rows(_concat(parts["accounts"], ACCOUNT_PARTS), "final"), job.panes, part)
     open_rows = pa.concat_tables([pq.read_table(path, columns=["hour", "local_ip", "remote_ip", *AMOUNTS])
                                   .cast(HOURLY_PARTS) for path in hour.open_rows]) \
         if hour.open_rows else HOURLY_PARTS.empty_table()
-    return summed["raw"], rows_differing(final, open_rows), rows
+    return sum_raw(_concat(parts["raw"], RAW_SUMS)), rows_differing(final, open_rows), rows
 
 
 def recompute(hours: list[Hour], job: Job, task: int) -> dict:
