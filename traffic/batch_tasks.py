@@ -41,6 +41,8 @@ _PANE_US = 300_000_000
 _TS = pa.timestamp("us", tz="UTC")
 NO_TIME = np.iinfo(np.int64).min
 
+#: The amounts every per-pair total carries (hourly, daily, monthly rows and their parts).
+AMOUNTS = ("bytes", "packets", "bytes_in", "bytes_out")
 #: What each task returns to the driver (through Spark), one row per chunk; times in epoch microseconds.
 OUTCOME = pa.schema([("chunk", pa.int32()), ("attempt", pa.int32()), ("newest", pa.int64()), ("oldest", pa.int64())])
 OUTCOME_DDL = ", ".join(f"{f.name} {'int' if f.type == pa.int32() else 'long'}" for f in OUTCOME)
@@ -307,6 +309,6 @@ def combine_summary(parts: pa.Table) -> pa.Table:
 def sum_hourly(rows: pa.Table, status: str) -> pa.Table:
     """Per (hour, local_ip, remote_ip) sums of hourly rows or parts, as ``hourly`` rows with ``status``."""
     grouped = group_sums(rows, ["hour", "local_ip", "remote_ip"],
-                         {c: (c, "sum") for c in ("bytes", "packets", "bytes_in", "bytes_out")})
+                         {c: (c, "sum") for c in AMOUNTS})
     return grouped.append_column("day", pc.cast(grouped.column("hour"), pa.date32())) \
                   .append_column("status", pa.repeat(pa.scalar(status), grouped.num_rows))

@@ -456,12 +456,7 @@ def _recompute_arrow(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
     from traffic.ingest import task_slots
 
     packets, hourly = warehouse.table("packets"), warehouse.table("hourly")
-    raw_files: dict[str, list] = {}
-    for f in packets.files(keys=keys):
-        raw_files.setdefault(f.key, []).append(f)
-    open_files: dict[str, list] = {}
-    for f in hourly.files(keys=keys):
-        open_files.setdefault(f.key, []).append(f)
+    raw_files, open_files = _files_by_key(packets, keys), _files_by_key(hourly, keys)
     hours = [(F.Hour(key, tuple(str(packets.path / f.path) for f in raw_files.get(key, ())),
                      tuple(str(hourly.path / f.path) for f in open_files.get(key, ()))),
               sum(f.size for f in raw_files.get(key, ())))
@@ -475,14 +470,21 @@ def _recompute_arrow(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
         warehouse.spark.range(0, len(groups), 1, len(groups)) \
             .mapInArrow(F.task_function(groups, job), F.OUTCOME_DDL).collect()
     attempts = {task: 0 for task in range(len(groups))}
-    raw = F.sum_raw(B.read_parts(str(scratch), "raw", attempts))
+    raw = B.read_parts(str(scratch), "raw", attempts)
     differing = B.read_parts(str(scratch), "differing", attempts)
     warehouse.drop_scratch(scratch)
-    return _Recomputed(job.hourly, job.panes,
-                       {h: (b or 0, n) for h, (b, n) in _arrow_sums(raw, "hour").items()},
+    return _Recomputed(job.hourly, job.panes, {h: tuple(v) for h, v in _arrow_sums(raw, "hour").items()},
                        {_utc_hour(h): n for h, n in zip(differing.column("hour").to_pylist(),
                                                         differing.column("n").to_pylist())},
                        packets.read(keys=keys))
+
+
+def _files_by_key(table, keys: list[str]) -> dict[str | None, list]:
+    """A table's data files of ``keys``, by cluster key."""
+    by_key: dict[str | None, list] = {}
+    for f in table.files(keys=keys):
+        by_key.setdefault(f.key, []).append(f)
+    return by_key
 
 
 def _recompute_spark(warehouse: Warehouse, keys: list[str]) -> _Recomputed:

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from traffic.batch_tasks import (
     ACCOUNT_PARTS,
+    AMOUNTS,
     DIFFERING,
     HOURLY_PARTS,
     RAW_SUMS,
@@ -34,7 +35,6 @@ from traffic.batch_tasks import (
 
 #: The raw columns a freeze reads.
 COLUMNS = ["ts", "hour", "source", "local_ip", "remote_ip", "bytes", "direction"]
-AMOUNTS = ("bytes", "packets", "bytes_in", "bytes_out")
 OUTCOME = pa.schema([("task", pa.int32()), ("rows", pa.int64())])
 OUTCOME_DDL = "task int, rows long"
 T = TypeVar("T")

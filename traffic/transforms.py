@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-AMOUNTS = ("bytes", "packets", "bytes_in", "bytes_out")
+from traffic.batch_tasks import AMOUNTS  # noqa: F401 - the amounts of per-pair totals, here for Spark transforms
 
 
 def with_direction_bytes(packets: DataFrame) -> DataFrame:
