@@ -789,9 +789,10 @@ def _sources_between(warehouse: Warehouse, start: datetime, end: datetime) -> in
 
 
 def maintain(warehouse: Warehouse) -> None:
-    """Keep every table's file and log counts bounded: compact small files, checkpoint."""
+    """Keep every table's file and log counts bounded: compact small files, checkpoint after a compaction
+    or a long run of commits (the cost of opening a table grows with the commits since its checkpoint)."""
     for name in ("packets", "hourly", "panes", "source_panes", "periods", "batches", "clocks", "rejects", "late_packets",
                  "daily", "dq_results"):
         table = warehouse.table(name)
-        if table.compact():
+        if table.compact() or table.checkpoint_due():
             table.checkpoint()

@@ -49,8 +49,12 @@ from traffic.clock import from_micros
 from traffic.settings import Settings
 
 PROTOCOL = (1, 2)
+#: A checkpoint every this many commits. Opening a table reads its last checkpoint and replays every
+#: commit since as JSON; after a month of micro-batches a 40-commit tail made each open ~25 ms against
+#: ~4 ms from a fresh checkpoint, and a job opens a dozen tables. A checkpoint costs a few ms.
+CHECKPOINT_EVERY = 10
 TABLE_CONFIGURATION = {
-    "delta.checkpointInterval": "50",
+    "delta.checkpointInterval": str(CHECKPOINT_EVERY),
     "delta.logRetentionDuration": "interval 7 days",
     "delta.deletedFileRetentionDuration": "interval 1 days",
 }
@@ -629,6 +633,15 @@ class RsTable(Table):
     def checkpoint(self) -> None:
         self._delta().create_checkpoint()
 
+    def checkpoint_due(self) -> bool:
+        """More than ``CHECKPOINT_EVERY`` commits since the last checkpoint (tables created with a longer
+        interval, or commits made without delta-rs's post-commit checkpoint)."""
+        try:
+            last = json.loads((self.path / "_delta_log" / "_last_checkpoint").read_text())["version"]
+        except (OSError, ValueError, KeyError):
+            last = -1
+        return self.version() - last > CHECKPOINT_EVERY
+
     def vacuum(self, retention_hours: int = 24) -> list[str]:
         """Delete data files removed from the log more than ``retention_hours`` ago."""
         return self._delta().vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
@@ -810,6 +823,10 @@ class SparkDeltaTable(Table):
         from deltalake import DeltaTable as RsDeltaTable
 
         RsDeltaTable(str(self.path)).create_checkpoint()
+
+    def checkpoint_due(self) -> bool:
+        """delta-spark checkpoints at the table's interval itself."""
+        return False
 
     def vacuum(self, retention_hours: int = 24) -> list[str]:
         self._delta().vacuum(retention_hours)

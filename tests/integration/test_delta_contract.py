@@ -134,3 +134,45 @@ def test_rs_engine_refuses_a_table_with_delta_features_it_does_not_support(tmp_p
     with pytest.raises(StorageError, match="deletionVectors"):
         fresh.table("hourly").read_arrow()
     assert fresh.table("clocks").read_arrow().num_rows == 0
+
+
+def _last_checkpoint(table) -> int:
+    import json
+
+    return json.loads((table.path / "_delta_log" / "_last_checkpoint").read_text())["version"]
+
+
+def test_rs_tables_checkpoint_every_few_commits_and_close_catches_up_older_ones(tmp_path):
+    """Opening a table replays every commit since its last checkpoint, so the tail is kept short: new
+    tables checkpoint every ``CHECKPOINT_EVERY`` commits, and the close's maintenance checkpoints a table
+    made with a longer interval (an older warehouse) once its tail is longer than that."""
+    import shutil
+
+    from deltalake import DeltaTable, Schema
+
+    from traffic.close import maintain
+    from traffic.delta import CHECKPOINT_EVERY
+
+    settings = load_settings(environ={}, overrides={"warehouse": tmp_path / "w", "inbox": tmp_path / "in"})
+    warehouse = Warehouse(settings, engine="rs")
+    warehouse.create_all()
+    hourly = warehouse.table("hourly")
+    for n in range(CHECKPOINT_EVERY + 2):
+        hourly.append(_rows(n % 24, n))
+    assert hourly.version() - _last_checkpoint(hourly) < CHECKPOINT_EVERY
+    assert not hourly.checkpoint_due()
+
+    DeltaTable.create(str(tmp_path / "old"), schema=Schema.from_arrow(hourly.arrow_schema),
+                      configuration={"delta.checkpointInterval": "50"})
+    shutil.rmtree(hourly.path)
+    (tmp_path / "old").rename(hourly.path)
+    older = Warehouse(settings, engine="rs")
+    table = older.table("hourly")
+    for n in range(CHECKPOINT_EVERY + 2):
+        table.append(_rows(n % 24, n))
+    assert not (table.path / "_delta_log" / "_last_checkpoint").exists()
+    assert table.checkpoint_due()
+    maintain(older)
+    assert _last_checkpoint(table) == table.version()
+    assert not table.checkpoint_due()
+    assert table.read_arrow().num_rows == CHECKPOINT_EVERY + 2
