@@ -236,6 +236,11 @@ def compute_bill(
     Every row must lie in the period: a pane outside it is an error, not ignored, since
     a bill built from a wrongly filtered read must not look complete.
     """
+    check_rule(rule, unknown_direction)
+    return bill_from_series(pane_series(panes, period), period, account, rule, unknown_direction, mapping_versions)
+
+
+def check_rule(rule: str, unknown_direction: str) -> None:
     if rule not in RULES:
         raise BillingError(f"billing rule {rule!r} is not one of {', '.join(RULES)}")
     if unknown_direction not in UNKNOWN_DIRECTIONS:
@@ -243,6 +248,12 @@ def compute_bill(
     if rule == "sum" and unknown_direction == "both":
         raise BillingError("unknown_direction 'both' with rule 'sum' would count unknown traffic twice; "
                            "use 'in' or 'out'")
+
+
+def pane_series(panes: Iterable[tuple[datetime, str | None, int]],
+                period: BillingPeriod) -> dict[str | None, dict[int, int]]:
+    """Per direction, the bytes per pane index of ``(pane_start, direction, bytes)`` rows; an error for a row
+    off the period's grid, of an unknown direction or with bytes that are not a whole count."""
     series: dict[str | None, defaultdict[int, int]] = {direction: defaultdict(int) for direction in DIRECTIONS}
     for pane_start, direction, nbytes in panes:
         if direction not in series:
@@ -250,12 +261,34 @@ def compute_bill(
         if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__") or nbytes < 0:
             raise BillingError(f"pane {pane_start}: bytes {nbytes!r} is not a whole number of bytes")
         series[direction][period.pane_index(pane_start)] += operator.index(nbytes)
-    totals = {direction: sum(values.values()) for direction, values in series.items()}
-    inbound, outbound = series["in"], series["out"]
+    return series
+
+
+def billed_series(series: Mapping[str | None, Mapping[int, int]],
+                  unknown_direction: str) -> tuple[Mapping[int, int], Mapping[int, int]]:
+    """The inbound and outbound series a bill takes its percentiles of (traffic of unknown direction added
+    where ``unknown_direction`` says)."""
+    inbound, outbound = series.get("in", {}), series.get("out", {})
+    unknown = series.get(None, {})
     if unknown_direction in ("in", "both"):
-        inbound = _added(inbound, series[None])
+        inbound = _added(inbound, unknown)
     if unknown_direction in ("out", "both"):
-        outbound = _added(outbound, series[None])
+        outbound = _added(outbound, unknown)
+    return inbound, outbound
+
+
+def bill_from_series(
+    series: Mapping[str | None, Mapping[int, int]],
+    period: BillingPeriod,
+    account: str,
+    rule: str = "max",
+    unknown_direction: str = "in",
+    mapping_versions: Iterable[str] = (),
+) -> Bill:
+    """The bill of ``account`` from its bytes per direction and pane index (``pane_series``)."""
+    check_rule(rule, unknown_direction)
+    totals = {direction: sum(series.get(direction, {}).values()) for direction in DIRECTIONS}
+    inbound, outbound = billed_series(series, unknown_direction)
     n_panes = period.pane_count
     p95_in, p95_out = p95(inbound, n_panes), p95(outbound, n_panes)
     billable = (max if rule == "max" else operator.add)(p95_in.pane_bytes, p95_out.pane_bytes)

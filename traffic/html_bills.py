@@ -22,8 +22,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic import state as st
-from traffic.bills import account_totals, bill_rows, billing_cycle, compute_period, final_panes, read_final_panes
-from traffic.billing import PANE_SECONDS, BillingPeriod, rate_bps
+from traffic.bills import (
+    account_series,
+    account_totals,
+    bill_rows,
+    billing_cycle,
+    compute_period,
+    final_panes,
+    read_final_panes,
+)
+from traffic.billing import PANE_SECONDS, BillingPeriod, billed_series, rate_bps
 from traffic.clock import hour_floor, next_month
 from traffic.delta import Warehouse, cluster_key
 from traffic.html_report import CSS, _e, _num, human_bytes
@@ -138,15 +146,9 @@ def rate_series(panes: pa.Table, period: BillingPeriod, unknown_direction: str) 
 
     ``panes`` is the period's ``final_panes``.
     """
-    series: dict[str | None, dict] = defaultdict(lambda: {"in": defaultdict(int), "out": defaultdict(int)})
-    for row in st.rows(panes):
-        index = period.pane_index(row["pane_start"])
-        direction = row["direction"]
-        targets = [direction] if direction in ("in", "out") else []
-        if direction is None:
-            targets = {"in": ["in"], "out": ["out"], "both": ["in", "out"]}.get(unknown_direction, [])
-        for target in targets:
-            series[row["account"]][target][index] += row["bytes"]
+    series: dict[str | None, dict] = defaultdict(lambda: {"in": {}, "out": {}})
+    for account, by_direction in account_series(panes, period).items():
+        series[account] = dict(zip(("in", "out"), billed_series(by_direction, unknown_direction)))
     return series
 
 

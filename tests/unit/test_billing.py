@@ -13,6 +13,7 @@ from traffic.billing import (
     BillingCycle,
     BillingError,
     BillingPeriod,
+    bill_from_series,
     compute_bill,
     p95,
     percentile_rank,
@@ -304,4 +305,56 @@ def test_a_half_hour_zone_bills_from_its_own_first_pane():
 def test_compute_bill_refuses_what_it_cannot_bill(rows, kwargs, message):
     with pytest.raises(BillingError) as error:
         compute_bill(rows, SEPTEMBER, "acme", **kwargs)
+    assert str(error.value) == message
+
+
+def _pane_table(rows: list[tuple]) -> "pa.Table":
+    import pyarrow as pa
+
+    return pa.table({"pane_start": pa.array([r[0] for r in rows], pa.timestamp("us", tz="UTC")),
+                     "account": pa.array([r[1] for r in rows], pa.string()),
+                     "direction": pa.array([r[2] for r in rows], pa.string()),
+                     "bytes": pa.array([r[3] for r in rows], pa.int64()),
+                     "mapping_version": pa.array(["v1"] * len(rows), pa.string())})
+
+
+def test_account_series_in_arrow_equals_the_row_by_row_series():
+    """The bills of a period are summed in Arrow (``bills.account_series``); they must equal
+    ``pane_series`` of each account's rows: repeated panes added, unknown directions kept apart,
+    an account that is null (a damaged pane) billed on its own."""
+    from traffic.bills import account_series
+    from traffic.billing import pane_series
+
+    rng = random.Random(7)
+    accounts, directions = ["acme", "beta", None], ["in", "out", "internal", "transit", None]
+    rows = [(SEPTEMBER.start_utc + PANE * rng.randrange(SEPTEMBER.pane_count), rng.choice(accounts),
+             rng.choice(directions), rng.randrange(0, 10**12)) for _ in range(20_000)]
+    rows += rows[:500]  # the same pane, account and direction twice (two sources)
+    got = account_series(_pane_table(rows), SEPTEMBER)
+    assert set(got) == set(accounts)
+    for account in accounts:
+        want = pane_series([(t, d, b) for t, a, d, b in rows if a == account], SEPTEMBER)
+        assert {d: dict(v) for d, v in got[account].items()} == {d: dict(v) for d, v in want.items()}
+        assert compute_bill([(t, d, b) for t, a, d, b in rows if a == account], SEPTEMBER, "x", rule="sum") == \
+            bill_from_series(got[account], SEPTEMBER, "x", rule="sum")
+    assert account_series(_pane_table([]), SEPTEMBER) == {}
+
+
+@pytest.mark.parametrize("row,message", [
+    ((_utc(2026, 9, 1, 0, 1), "acme", "in", 1), "pane 2026-09-01T00:01:00+00:00 does not start on a 5-minute UTC "
+                                                "boundary"),
+    ((_utc(2026, 10, 1), "acme", "in", 1), "pane 2026-10-01T00:00:00+00:00 is outside billing period 2026-09 "
+                                           "[2026-09-01T00:00:00+00:00, 2026-10-01T00:00:00+00:00)"),
+    ((_utc(2026, 8, 31, 23, 55), "acme", "in", 1), "pane 2026-08-31T23:55:00+00:00 is outside billing period "
+                                                   "2026-09 [2026-09-01T00:00:00+00:00, 2026-10-01T00:00:00+00:00)"),
+    ((_utc(2026, 9, 1), "acme", "sideways", 1),
+     "pane 2026-09-01 00:00:00+00:00: direction 'sideways' is not in/out/internal/transit/null"),
+    ((_utc(2026, 9, 1), "acme", "in", -1), "pane 2026-09-01 00:00:00+00:00: bytes -1 is not a whole number of bytes"),
+])
+def test_account_series_refuses_what_the_row_by_row_series_refuses(row, message):
+    from traffic.bills import account_series
+
+    good = (_utc(2026, 9, 2), "acme", "out", 5)
+    with pytest.raises(BillingError) as error:
+        account_series(_pane_table([good, row]), SEPTEMBER)
     assert str(error.value) == message
