@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import html
 from collections import Counter, defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic import state as st
+from traffic.clock import next_month
 from traffic.delta import StorageError, Warehouse, cluster_key
 from traffic.quality import docs_pages, period_label, reports_dir
 from traffic.settings import Settings
 
 UTC = timezone.utc
 HOURS_SHOWN = 72
+#: Closed hours the data-quality section lists (besides those that did not simply pass).
+QUALITY_HOURS = 48
 TOP = 10
 #: The window of the top-talkers tables: the last day before the watermark (``traffic report --top-last``).
 TOP_LAST = timedelta(hours=24)
@@ -55,10 +58,15 @@ def write_report(settings: Settings, top_last: timedelta = TOP_LAST) -> Path:
 def _gather(warehouse: Warehouse) -> dict:
     state = st.read_clock_state(warehouse)
     ledger = sorted(st.read_ledger(warehouse), key=lambda r: (r["period_start"], r["grain"]))
-    monthly = warehouse.table("monthly").read_arrow(columns=["month", "bytes", "packets"])
-    # Totals are summed in Arrow: daily and dq_results grow with history, and a report written by every
-    # close must not turn all of it into Python rows (after 30 days that alone took ~2 s).
-    daily = warehouse.table("daily").read_arrow(columns=["day", "local_ip", "remote_ip", "bytes", "packets"])
+    pairs = ["local_ip", "remote_ip", "bytes", "packets"]
+    monthly = warehouse.table("monthly").read_arrow(columns=["month", *pairs])
+    # Totals are summed in Arrow, and ``daily`` (a row per pair and day) is read only for the days after
+    # the last rolled-up month: the months before are in ``monthly`` (Σ of their days, checked when
+    # rolled up), and each day's totals are in its ledger row. A report written by every close must
+    # not read or turn into Python rows all of history (after 30 days that alone took ~2 s).
+    last_month = pc.max(monthly.column("month")).as_py() if monthly.num_rows else None
+    daily = warehouse.table("daily").read_arrow(
+        key_min=cluster_key(next_month(_as_utc(last_month)), "day") if last_month else None, columns=["day", *pairs])
     # Open rows exist only after the frozen hours (hours freeze in order).
     frontier = st.frozen_frontier(ledger)
     open_rows = warehouse.table("hourly").read_arrow(
@@ -67,20 +75,17 @@ def _gather(warehouse: Warehouse) -> dict:
     rejects = st.rows(warehouse.table("rejects").read_arrow(columns=["hour", "source", "reason"]))
     late = st.rows(warehouse.table("late_packets").read_arrow(columns=["hour", "bytes"]))
     checks = warehouse.table("dq_results").read_arrow(columns=["grain", "period_start", "suite", "run_id", "success"])
+    checks = checks.filter(_shown_in_quality(checks, ledger))  # dq_results keeps ~90 days of every check
     checks = checks.set_column(4, "success", pc.fill_null(checks.column("success"), False))  # unknown is not a pass
     results = st.rows(checks.group_by(["grain", "period_start", "suite", "run_id"], use_threads=False)
                       .aggregate([("success", "all")]).rename_columns(["grain", "period_start", "suite", "run_id",
                                                                        "success"]))
-    month_totals: dict[datetime, list[int]] = defaultdict(lambda: [0, 0])
-    for m, b, p in zip(monthly.column("month").to_pylist(), monthly.column("bytes").to_pylist(),
-                       monthly.column("packets").to_pylist()):
-        key = datetime(m.year, m.month, 1, tzinfo=UTC)
-        month_totals[key][0] += b
-        month_totals[key][1] += p
-    by_day = daily.group_by("day", use_threads=False).aggregate([("bytes", "sum"), ("packets", "sum")])
-    day_totals = {datetime(d.year, d.month, d.day, tzinfo=UTC): [b, p] for d, b, p in zip(
-        by_day.column("day").to_pylist(), by_day.column("bytes_sum").to_pylist(),
-        by_day.column("packets_sum").to_pylist())}
+    by_month = monthly.group_by("month", use_threads=False).aggregate([("bytes", "sum"), ("packets", "sum")])
+    month_totals = {_as_utc(m): [b, p] for m, b, p in zip(by_month.column("month").to_pylist(),
+                                                          by_month.column("bytes_sum").to_pylist(),
+                                                          by_month.column("packets_sum").to_pylist())}
+    day_totals = {r["period_start"]: [r["bytes"], r["packets"]] for r in ledger if r["grain"] == "day"}
+    closed = pa.concat_tables([monthly.select(pairs), daily.select(pairs)])
     open_totals: dict[datetime, list[int]] = defaultdict(lambda: [0, 0])
     for h, b, p in zip(open_rows.column("hour").to_pylist(), open_rows.column("bytes").to_pylist(),
                        open_rows.column("packets").to_pylist()):
@@ -88,14 +93,33 @@ def _gather(warehouse: Warehouse) -> dict:
         open_totals[key][0] += b
         open_totals[key][1] += p
     return {"state": state, "ledger": ledger, "months": dict(month_totals), "days": dict(day_totals),
-            "top": {column: _top(daily, column) for column in ("local_ip", "remote_ip")},
+            "top": {column: _top(closed, column) for column in ("local_ip", "remote_ip")},
             "open": dict(open_totals), "rejects": rejects, "late": late, "results": results,
             "pages": docs_pages(warehouse)}
 
 
-def _top(daily: pa.Table, column: str) -> list[tuple[str, int, int]]:
+def _quality_periods(ledger: list[dict]) -> list[dict]:
+    """The ledger rows the quality section shows: those that did not simply pass, every day and month,
+    and the last ``QUALITY_HOURS`` hours (``ledger`` in period order)."""
+    hours = [r for r in ledger if r["grain"] == "hour"]
+    return [r for r in ledger if r["dq_status"] != "passed" or r["grain"] != "hour"] + hours[-QUALITY_HOURS:]
+
+
+def _shown_in_quality(checks: pa.Table, ledger: list[dict]) -> pa.Array:
+    """Which ``dq_results`` rows belong to a period the quality section shows."""
+    hours = [r["period_start"] for r in _quality_periods(ledger) if r["grain"] == "hour"]
+    return pc.or_(pc.not_equal(checks.column("grain"), "hour"),
+                  pc.is_in(checks.column("period_start"), value_set=pa.array(hours, checks.schema.field(
+                      "period_start").type)))
+
+
+def _as_utc(day: date) -> datetime:
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
+
+
+def _top(closed: pa.Table, column: str) -> list[tuple[str, int, int]]:
     """The ``TOP`` addresses of ``column`` by bytes over all closed days (ties by address)."""
-    totals = daily.group_by(column, use_threads=False).aggregate([("bytes", "sum"), ("packets", "sum")])
+    totals = closed.group_by(column, use_threads=False).aggregate([("bytes", "sum"), ("packets", "sum")])
     ranked = totals.sort_by([("bytes_sum", "descending"), (column, "ascending")]).slice(0, TOP)
     return list(zip(ranked.column(column).to_pylist(), ranked.column("bytes_sum").to_pylist(),
                     ranked.column("packets_sum").to_pylist()))
@@ -379,9 +403,7 @@ def _quality_section(ledger: list[dict], results: list[dict], pages: dict) -> st
     runs: dict[tuple[str, datetime], dict[tuple[str, str], bool]] = defaultdict(dict)
     for r in results:  # one row per period, suite and run: did all its checks pass
         runs[(r["grain"], r["period_start"])][(r["suite"], r["run_id"])] = bool(r["success"])
-    notable = [r for r in ledger if r["dq_status"] != "passed"]
-    recent = [r for r in ledger if r["grain"] != "hour"] + [r for r in ledger if r["grain"] == "hour"][-48:]
-    chosen = sorted({(r["grain"], r["period_start"]): r for r in notable + recent}.values(),
+    chosen = sorted({(r["grain"], r["period_start"]): r for r in _quality_periods(ledger)}.values(),
                     key=lambda r: (r["dq_status"] != "passed", r["period_start"], r["grain"]), reverse=True)
     body = []
     for r in chosen:
@@ -401,9 +423,10 @@ def _quality_section(ledger: list[dict], results: list[dict], pages: dict) -> st
                     f'<td>{r["grain"]}</td><td class="p">{_e(period_label(r["grain"], r["period_start"]))}</td>'
                     f'<td>{_badge(r["dq_status"])}</td><td class="note">{_e(why)}</td><td>{" ".join(links)}</td></tr>')
     return ('<section id="quality"><h2>Data quality per period</h2><p class="note">Periods that did not simply pass '
-            'first, then every closed day and month and the last 48 closed hours. Failed periods are not published and '
+            f'first, then every closed day and month and the last {QUALITY_HOURS} closed hours. Failed periods are not '
+            'published and '
             'nothing is rolled up over them until an operator accepts them (<code>traffic accept</code>). Suites link to '
-            'their Great Expectations Data Docs pages; all runs: <a href="data_docs/index.html">Data Docs</a>.</p>'
+            'their Great Expectations Data Docs pages; the newest runs: <a href="data_docs/index.html">Data Docs</a>.</p>'
             '<table><tr><th>grain</th><th>period</th><th>status</th><th>why</th><th>checks (Data Docs)</th></tr>'
             + ("".join(body) or '<tr><td colspan="5" class="empty">No period closed yet.</td></tr>')
             + '</table></section>')
