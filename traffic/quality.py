@@ -373,6 +373,29 @@ def build_data_docs(warehouse: Warehouse, validations: Iterable[Validation]) -> 
     context = _context(reports_dir(warehouse))
     suites = sorted({i.expectation_suite_identifier.name for i in identifiers})
     context.build_data_docs(resource_identifiers=identifiers + [ExpectationSuiteIdentifier(name=s) for s in suites])
+    archive_results(reports_dir(warehouse))
+
+
+def archive_results(root: Path, keep: int = DOCS_INDEX_RUNS) -> int:
+    """Move all but the newest ``keep`` validation results from GX's store to ``gx/archive`` (same layout);
+    returns how many moved.
+
+    GX rebuilds the Data Docs index by listing every result in its store, so a store holding
+    ``dq_retention`` (90 days) of results made every close slower as they piled up. Their pages stay
+    in Data Docs, and ``prune_reports`` expires the archive like the store.
+    """
+    store = root / "gx" / "validations"
+    # <suite>/<run name>/<run time>/<batch>.json; run times sort as text (20261122T140233.014627Z).
+    results = sorted(store.glob("*/*/*/*.json"), key=lambda p: (p.parts[-2], p.as_posix()))
+    moved = results[:-keep] if keep > 0 else results
+    for path in moved:
+        target = root / "gx" / "archive" / path.relative_to(store)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        path.replace(target)
+        for folder in (path.parent, path.parent.parent):  # the run's folders, once empty
+            if folder != store and not any(folder.iterdir()):
+                folder.rmdir()
+    return len(moved)
 
 
 def run_periods_end(run_name: str) -> datetime | None:
@@ -399,7 +422,7 @@ def prune_reports(warehouse: Warehouse, before: datetime) -> int:
 
     root = reports_dir(warehouse)
     removed = set()
-    for store in (root / "gx" / "validations", root / "data_docs" / "validations"):
+    for store in (root / "gx" / "validations", root / "gx" / "archive", root / "data_docs" / "validations"):
         if not store.is_dir():
             continue
         for run in store.glob("*/*"):

@@ -39,3 +39,35 @@ def test_runs_before_the_bound_go_from_both_stores_and_nothing_else_does(tmp_pat
         assert kept == {run for run, keep in runs.items() if keep}, store
     assert (root / "data_docs" / "index.html").is_file()
     assert prune_reports(warehouse, datetime(2026, 11, 1, tzinfo=UTC)) == 0
+
+
+def test_the_store_keeps_the_newest_results_and_the_rest_moves_to_the_archive(tmp_path):
+    """GX lists its whole store to rebuild the Data Docs index after every close: older results move to
+    ``gx/archive`` (same layout, their Data Docs pages untouched), and retention expires them there too."""
+    from traffic.quality import DOCS_INDEX_RUNS, archive_results
+
+    warehouse = Warehouse(load_settings(environ={}, overrides={"warehouse": tmp_path / "wh"}), engine="rs")
+    root = reports_dir(warehouse)
+    store, archive = root / "gx" / "validations", root / "gx" / "archive"
+    made = []
+    for n in range(DOCS_INDEX_RUNS + 6):
+        suite = ("hourly", "packets")[n % 2]
+        run = f"freeze-202610{1 + n // 24:02d}T{n % 24:02d}00Z-{n:08x}"
+        result = store / suite / run / f"20261122T14{n // 60:02d}{n % 60:02d}.000000Z" / f"traffic-{suite}.json"
+        result.parent.mkdir(parents=True)
+        result.write_text("{}")
+        page = root / "data_docs" / "validations" / suite / run / result.parent.name / "page.html"
+        page.parent.mkdir(parents=True)
+        page.write_text("<html></html>")
+        made.append(result)
+    assert archive_results(root) == 6
+    kept = sorted(p.relative_to(store) for p in store.glob("*/*/*/*.json"))
+    assert kept == sorted(p.relative_to(store) for p in made[6:])
+    assert sorted(p.relative_to(archive) for p in archive.glob("*/*/*/*.json")) == \
+        sorted(p.relative_to(store) for p in made[:6])
+    assert not (store / "hourly" / made[0].parts[-3]).exists()  # the moved run's folders are gone
+    assert len(list((root / "data_docs" / "validations").glob("*/*/*/*.html"))) == DOCS_INDEX_RUNS + 6
+    assert archive_results(root) == 0
+    # Retention removes runs whose periods all end before the bound, from the archive as from the store.
+    assert prune_reports(warehouse, datetime(2026, 10, 1, 6, tzinfo=UTC)) == 6
+    assert not list(archive.glob("*/*/*/*.json")) and len(kept) == DOCS_INDEX_RUNS
