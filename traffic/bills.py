@@ -67,7 +67,9 @@ def _published_hours(warehouse: Warehouse, period: BillingPeriod) -> set[datetim
     while month < period.end_utc + HOUR:
         keys.append(cluster_key(month, "month"))
         month = next_month(month)
-    return {r["period_start"] for r in st.read_ledger(warehouse, "hour", keys=keys) if r["dq_status"] in PUBLISHED}
+    return {r["period_start"] for r in st.read_ledger(warehouse, "hour", keys=keys, columns=["grain", "period_start",
+                                                                                        "dq_status"])
+            if r["dq_status"] in PUBLISHED}
 
 
 @dataclass
