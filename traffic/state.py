@@ -6,7 +6,7 @@ These are tiny (a row per source, per batch, per closed period), so they never n
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,6 +15,7 @@ from traffic.clock import HOUR, ClockState, month_start
 from traffic.delta import Warehouse, cluster_key
 
 UTC = timezone.utc
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _utc(value):
@@ -25,8 +26,19 @@ def _utc(value):
 
 
 def rows(table: pa.Table) -> list[dict]:
-    """Arrow rows as dicts with timestamps in plain UTC."""
-    return [{k: _utc(v) for k, v in row.items()} for row in table.to_pylist()]
+    """Arrow rows as dicts with timestamps in plain UTC.
+
+    Timestamps are made from their microseconds: pyarrow builds each zone-aware value through
+    the zone database, about three times slower, and the ledger has a row per closed hour.
+    """
+    return [dict(zip(table.column_names, values)) for values in zip(*map(_values, table.columns))]
+
+
+def _values(column: pa.ChunkedArray) -> list:
+    if not pa.types.is_timestamp(column.type):
+        return column.to_pylist()
+    micros = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64()).to_pylist()
+    return [None if v is None else _EPOCH + timedelta(microseconds=v) for v in micros]
 
 
 def read_clock_state(warehouse: Warehouse) -> ClockState:
