@@ -67,9 +67,8 @@ def _published_hours(warehouse: Warehouse, period: BillingPeriod) -> set[datetim
     while month < period.end_utc + HOUR:
         keys.append(cluster_key(month, "month"))
         month = next_month(month)
-    return {r["period_start"] for r in st.read_ledger(warehouse, "hour", keys=keys, columns=["grain", "period_start",
-                                                                                        "dq_status"])
-            if r["dq_status"] in PUBLISHED}
+    ledger = st.read_ledger(warehouse, "hour", keys=keys, columns=st.LEDGER_STATUS)
+    return {r["period_start"] for r in ledger if r["dq_status"] in PUBLISHED}
 
 
 @dataclass

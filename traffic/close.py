@@ -84,7 +84,7 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
     plan = ClosePlan()
     if state.watermark is None or state.first_hour is None:
         return plan
-    ledger = st.read_ledger(warehouse, columns=["grain", "period_start", "dq_status"])
+    ledger = st.read_ledger(warehouse, columns=st.LEDGER_STATUS)
     hours_done = {r["period_start"]: r for r in ledger if r["grain"] == "hour"}
     frontier = st.frozen_frontier(ledger)
     plan.hours = closed_hours(state.first_hour, frontier, state.watermark, until)

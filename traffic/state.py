@@ -124,6 +124,10 @@ def frozen_frontier(ledger: list[dict]) -> datetime | None:
     return max(hours) + HOUR if hours else None
 
 
+#: The ledger columns that say which periods are closed and how they stand.
+LEDGER_STATUS = ["grain", "period_start", "dq_status"]
+
+
 def read_ledger(warehouse: Warehouse, grain: str | None = None, keys=None, key_min=None, key_max=None,
                 columns: list[str] | None = None) -> list[dict]:
     """Ledger rows (optionally of one grain, pruned to month keys, only some columns: the ledger has a
