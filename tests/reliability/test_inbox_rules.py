@@ -83,6 +83,12 @@ def test_files_still_being_written_are_not_taken(tmp_path):
     old = time.time() - 120
     os.utime(fresh, (old, old))
     assert "r1/fresh.csv" in [f.name for f in scan(inbox, min_age_seconds=60)]
+    # A file dated ahead of this machine's clock (a sender's clock ahead) waits until that time has
+    # passed, even with no minimum age: its age is negative.
+    ahead = time.time() + 3600
+    os.utime(fresh, (ahead, ahead))
+    assert "r1/fresh.csv" not in [f.name for f in scan(inbox)]
+    assert "r1/fresh.csv" in [f.name for f in scan(inbox, now=ahead + 1)]
 
 
 def test_a_file_renamed_into_place_is_taken_once(spark, tmp_path):
