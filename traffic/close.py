@@ -58,6 +58,7 @@ class ClosePlan:
     expire_other: dict[str, list[str]] = field(default_factory=dict)
     bills: list = field(default_factory=list)  # billing periods that close (traffic.bills)
     dq_bound: datetime | None = None  # check results of periods before this expire (dq_retention)
+    merge_before: datetime | None = None  # days (months) before this are frozen: merge their files (maintain)
 
     @property
     def empty(self) -> bool:
@@ -89,6 +90,7 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
     frontier = st.frozen_frontier(ledger)
     plan.hours = closed_hours(state.first_hour, frontier, state.watermark, until)
     frozen_end = (plan.hours[-1] + HOUR) if plan.hours else (frontier or state.first_hour)
+    plan.merge_before = day_start(frozen_end)
     published = {h for h, r in hours_done.items() if r["dq_status"] in PUBLISHED}
     days_done = {r["period_start"] for r in ledger if r["grain"] == "day"}
     months_done = {r["period_start"] for r in ledger if r["grain"] == "month"}
@@ -155,6 +157,9 @@ def restrict(plan: ClosePlan, only: tuple[str, ...] | None) -> ClosePlan:
         expire_other=plan.expire_other if "expire" in only else {},
         bills=plan.bills if "freeze" in only else [],  # bills are stored by the step that freezes their last hour
         dq_bound=plan.dq_bound if "expire" in only else None,
+        # Maintenance merges only days that are frozen already, not ones this plan would freeze.
+        merge_before=plan.merge_before if "freeze" in only or not plan.hours else min(plan.merge_before,
+                                                                                     day_start(plan.hours[0])),
     )
 
 
@@ -255,7 +260,7 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
         pruned = prune_reports(warehouse, plan.dq_bound)
         if pruned:
             progress(f"removed {pruned} Great Expectations run(s) of periods before {plan.dq_bound:%Y-%m}")
-    maintain(warehouse)
+    maintain(warehouse, plan.merge_before)
     result.seconds["expire_maintain"] = time.perf_counter() - clock
     checks = [c for c in checks if c is not None]
     result.seconds["quality"] = sum(c.seconds for c in checks)
@@ -788,11 +793,47 @@ def _sources_between(warehouse: Warehouse, start: datetime, end: datetime) -> in
     return len(set(panes.column("source").to_pylist()))
 
 
-def maintain(warehouse: Warehouse) -> None:
-    """Keep every table's file and log counts bounded: compact small files, checkpoint after a compaction
-    or a long run of commits (the cost of opening a table grows with the commits since its checkpoint)."""
-    for name in ("packets", "hourly", "panes", "source_panes", "periods", "batches", "clocks", "rejects", "late_packets",
-                 "daily", "dq_results"):
+#: Tables kept forever and keyed finer than a month: their frozen days (``daily``: months) are merged.
+MERGED = ("hourly", "panes", "daily")
+#: Tables a close compacts and checkpoints (``monthly`` and ``bills`` take a commit a month at most).
+MAINTAINED = ("packets", "hourly", "panes", "source_panes", "periods", "batches", "clocks", "rejects", "late_packets",
+              "daily", "dq_results")
+#: How often a close deletes the files no table needs any more. Wall-clock time, as their retention
+#: (a day after a commit removed them) is: files on disk are the live ones plus at most ~30 hours of
+#: removed ones, whatever the history.
+VACUUM_EVERY = timedelta(hours=6)
+
+
+def maintain(warehouse: Warehouse, merge_before: datetime | None = None) -> None:
+    """Keep every table's files and log bounded: merge the files of frozen days (months) of the tables
+    kept forever, compact small files, checkpoint after either or after a long run of commits (opening
+    a table costs more with each file and with each commit since its checkpoint), and every
+    ``VACUUM_EVERY`` delete the files no longer needed and bring older tables to today's settings."""
+    vacuum = _vacuum_due(warehouse)
+    for name in MAINTAINED + (("monthly", "bills") if vacuum else ()):
         table = warehouse.table(name)
-        if table.compact() or table.checkpoint_due():
+        changed = table.configure() if vacuum else False
+        merged = table.merge(merge_before) if merge_before is not None and name in MERGED else 0
+        if table.compact() or merged or changed or table.checkpoint_due():
             table.checkpoint()
+        if vacuum:
+            table.vacuum()
+    if vacuum:
+        _vacuumed(warehouse)
+
+
+def _vacuum_stamp(warehouse: Warehouse):
+    return warehouse.state_dir() / "vacuumed"
+
+
+def _vacuum_due(warehouse: Warehouse) -> bool:
+    """Whether ``VACUUM_EVERY`` has passed since the last vacuum (a new warehouse starts counting now)."""
+    stamp = _vacuum_stamp(warehouse)
+    if not stamp.exists():
+        _vacuumed(warehouse)
+        return False
+    return time.time() - stamp.stat().st_mtime >= VACUUM_EVERY.total_seconds()
+
+
+def _vacuumed(warehouse: Warehouse) -> None:
+    _vacuum_stamp(warehouse).touch()

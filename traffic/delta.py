@@ -53,19 +53,35 @@ PROTOCOL = (1, 2)
 #: commit since as JSON; after a month of micro-batches a 40-commit tail made each open ~25 ms against
 #: ~4 ms from a fresh checkpoint, and a job opens a dozen tables. A checkpoint costs a few ms.
 CHECKPOINT_EVERY = 10
+#: Every table's settings. Files a commit removed stay on disk a day (a reader of an older snapshot
+#: still finds them), then ``vacuum`` deletes them; the log keeps a day of commits too (an older
+#: version's files are gone anyway). delta-rs lists the whole ``_delta_log`` folder to bring a
+#: snapshot up to date, several times a commit, so a shorter log is a cheaper commit: with 7 days,
+#: a table committed every 5 minutes held ~2,400 log files; with one, ~400.
 TABLE_CONFIGURATION = {
     "delta.checkpointInterval": str(CHECKPOINT_EVERY),
-    "delta.logRetentionDuration": "interval 7 days",
+    "delta.logRetentionDuration": "interval 1 days",
     "delta.deletedFileRetentionDuration": "interval 1 days",
 }
 _KEY_SEGMENT = re.compile(r"(?:^|/)k=([^/]+)/")
 _NULL_KEY = "__HIVE_DEFAULT_PARTITION__"
 _KEY_FORMATS = {"hour": "%Y-%m-%dT%H", "day": "%Y-%m-%d", "month": "%Y-%m"}
 _SPARK_KEY_FORMATS = {"hour": "yyyy-MM-dd'T'HH", "day": "yyyy-MM-dd", "month": "yyyy-MM"}
+_KEY_LENGTH = {"hour": 13, "day": 10, "month": 7}
+#: A table keyed by hour merges each finished day into one file, keyed by the day (a *span*); a
+#: table keyed by day merges finished months (``Table.merge``). A span's key prefixes every key it
+#: holds, and its first key is the span's key followed by this suffix.
+_SPAN_GRAIN = {"hour": "day", "day": "month"}
+_SPAN_FIRST = {"hour": "T00", "day": "-01"}
 
 
 #: Tables of raw detail: big, and a batch's rows fall in few keys.
 _RAW_TABLES = frozenset({"packets", "late_packets", "rejects"})
+
+
+def _now_ms() -> int:
+    """The time a commit stamps on the files it removes (their retention counts from it)."""
+    return int(time.time() * 1000)
 
 
 class StorageError(RuntimeError):
@@ -182,7 +198,8 @@ class _FileIndex:
 
     version: tuple[int, int]  # (id of the snapshot object, table version)
     by_key: dict[str | None, list[tuple[int, DataFile]]]
-    keys: list[str]  # the non-null keys, sorted
+    keys: list[str]  # the non-null keys of the table's grain, sorted
+    spans: list[str]  # the keys of merged files (whole days or months), sorted
 
 
 #: Every step reached in this process, in order (the crash tests enumerate kill points from it).
@@ -297,6 +314,25 @@ class Table(abc.ABC):
     def _staging_folder(self) -> Path:
         """Where this engine stages files before a commit."""
 
+    def _where(self, keys=None, key_min=None, key_max=None) -> str | None:
+        """A Spark SQL condition on the rows' own cluster keys."""
+        if not self.cluster:
+            return None
+        fmt = _SPARK_KEY_FORMATS[self.cluster.grain]
+        expr = f"date_format(`{self.cluster.column}`, \"{fmt}\")"
+        parts = []
+        if keys is not None:
+            listed = [k for k in keys if k is not None]
+            clause = f"{expr} IN ({', '.join(repr(k) for k in listed)})" if listed else "false"
+            if None in set(keys):
+                clause = f"({clause} OR `{self.cluster.column}` IS NULL)"
+            parts.append(clause)
+        if key_min is not None:
+            parts.append(f"{expr} >= '{key_min}'")
+        if key_max is not None:
+            parts.append(f"{expr} < '{key_max}'")
+        return " AND ".join(parts) if parts else None
+
     def _check_keys(self, keys: Iterable[str | None]) -> list[str | None]:
         keys = list(keys)
         if keys and not self.cluster:
@@ -373,19 +409,56 @@ class RsTable(Table):
 
     def files(self, keys: Iterable[str | None] | None = None, key_min: str | None = None,
               key_max: str | None = None, dt=None) -> list[DataFile]:
-        """Data files of the current snapshot, pruned to cluster keys (``key_min <= key < key_max``)."""
+        """Data files of the current snapshot, pruned to cluster keys (``key_min <= key < key_max``).
+
+        A merged file (a span: a whole day or month, see ``merge``) is listed when it holds any of the
+        keys asked for; its other rows are filtered out by the reads.
+        """
         index = self._file_index(dt or self._delta())
         if keys is not None:
-            picked = [entry for key in set(keys) for entry in index.by_key.get(key, ())]
+            wanted = set(keys)
+            if index.spans:
+                width = _KEY_LENGTH[_SPAN_GRAIN[self.cluster.grain]]
+                wanted |= {k[:width] for k in wanted if k is not None} & set(index.spans)
+            picked = [entry for key in wanted for entry in index.by_key.get(key, ())]
         elif key_min is not None or key_max is not None:
             lo = bisect.bisect_left(index.keys, key_min) if key_min is not None else 0
             hi = bisect.bisect_left(index.keys, key_max) if key_max is not None else len(index.keys)
             picked = [entry for key in index.keys[lo:hi] for entry in index.by_key[key]]
+            picked += [entry for span in index.spans if self._in_range(span, key_min, key_max)
+                       for entry in index.by_key[span]]
         else:
             picked = [entry for entries in index.by_key.values() for entry in entries]
-        return [f for _, f in sorted(picked, key=lambda entry: entry[0])
-                if (key_min is None or (f.key is not None and f.key >= key_min))
-                and (key_max is None or (f.key is not None and f.key < key_max))]
+        return [f for _, f in sorted(picked, key=lambda entry: entry[0]) if self._in_range(f.key, key_min, key_max)]
+
+    def _is_span(self, key: str | None) -> bool:
+        """Whether ``key`` names a merged file (shorter than the keys of the table's grain)."""
+        return key is not None and self.cluster is not None and len(key) < _KEY_LENGTH[self.cluster.grain]
+
+    def _in_range(self, key: str | None, key_min: str | None, key_max: str | None) -> bool:
+        """``key_min <= key < key_max`` for a key; for a span, whether any key it holds is in that range."""
+        if key_min is None and key_max is None:
+            return True
+        if key is None:
+            return False
+        if self._is_span(key):
+            # "~" sorts after every character of a key: span + "~" is above every key the span holds.
+            return (key_min is None or key + "~" > key_min) and (
+                key_max is None or key + _SPAN_FIRST[self.cluster.grain] < key_max)
+        return (key_min is None or key >= key_min) and (key_max is None or key < key_max)
+
+    def _key_mask(self, column, keys=None, key_min=None, key_max=None) -> np.ndarray:
+        """Per row of a cluster column, whether its key is one of ``keys`` and within ``[key_min, key_max)``."""
+        index, names = _key_groups(column, self.cluster.grain)
+        wanted = set(keys) if keys is not None else None
+        ok = np.array([(wanted is None or name in wanted) and self._in_range(name, key_min, key_max)
+                       for name in (None if n == _NULL_KEY else n for n in names)], dtype=bool)
+        return ok[index] if len(names) else np.zeros(len(index), dtype=bool)
+
+    def _span_read(self, files: list[DataFile], keys, key_min, key_max) -> bool:
+        """Whether a read of these files must filter rows by key (a merged file holds other keys too)."""
+        return (keys is not None or key_min is not None or key_max is not None) and any(
+            self._is_span(f.key) for f in files)
 
     def _file_index(self, dt) -> "_FileIndex":
         """The snapshot's data files by cluster key, parsed once per snapshot version (not once per read:
@@ -404,7 +477,9 @@ class RsTable(Table):
             key = match.group(1) if match else None
             key = None if key == _NULL_KEY else key
             by_key.setdefault(key, []).append((position, DataFile(path, size, key, count)))
-        index = _FileIndex(version, by_key, sorted(k for k in by_key if k is not None))
+        named = [k for k in by_key if k is not None]
+        index = _FileIndex(version, by_key, sorted(k for k in named if not self._is_span(k)),
+                           sorted(k for k in named if self._is_span(k)))
         self.warehouse.file_indexes[self.name] = index
         return index
 
@@ -415,23 +490,32 @@ class RsTable(Table):
     # -- reads --------------------------------------------------------------------------
     def read_arrow(self, keys=None, key_min=None, key_max=None, columns=None, filter=None) -> pa.Table:
         """Read without Spark (driver-side, for small tables and checks)."""
+        keys = list(keys) if keys is not None else None
         files = self.files(keys, key_min, key_max)
         if not files:
             table = self.arrow_schema.empty_table()
             return table.select(columns) if columns else table
         dataset = pads.dataset([str(self.path / f.path) for f in files], schema=self.arrow_schema, format="parquet")
-        return dataset.to_table(columns=columns, filter=filter)
+        if not self._span_read(files, keys, key_min, key_max):
+            return dataset.to_table(columns=columns, filter=filter)
+        column = self.cluster.column
+        wide = columns if columns is None or column in columns else [*columns, column]
+        table = dataset.to_table(columns=wide, filter=filter)
+        table = table.filter(pa.array(self._key_mask(table.column(column), keys, key_min, key_max)))
+        return table.select(columns) if columns else table
 
     def read(self, keys=None, key_min=None, key_max=None):
         """A Spark DataFrame of the table (pruned to keys); an empty table reads as empty."""
         spark = self.warehouse.spark
         if spark is None:
             raise StorageError("reading with Spark needs a SparkSession")
+        keys = list(keys) if keys is not None else None
         files = self.files(keys, key_min, key_max)
         schema = schemas.spark_schema(self.name)
         if not files:
             return spark.createDataFrame([], schema)
-        return spark.read.schema(schema).parquet(*[str(self.path / f.path) for f in files])
+        df = spark.read.schema(schema).parquet(*[str(self.path / f.path) for f in files])
+        return df.where(self._where(keys, key_min, key_max)) if self._span_read(files, keys, key_min, key_max) else df
 
     # -- writes -------------------------------------------------------------------------
     def append(self, data, txn: tuple[str, int] | None = None, op: str = "append") -> bool:
@@ -467,10 +551,18 @@ class RsTable(Table):
                 return 0
         predicate = _arrow_predicate(conditions)
         folder = self.path / f"d{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
-        removes, deleted, now_ms = [], 0, int(time.time() * 1000)
+        removes, deleted, now_ms = [], 0, _now_ms()
+        keys = list(keys) if keys is not None else None
         for f in self.files(keys=keys, dt=dt):
             rows = pq.read_table(self.path / f.path, schema=self.arrow_schema)
-            keep = rows.filter(~predicate)
+            if keys is not None and self._is_span(f.key):
+                # A merged file: only its rows of ``keys`` are candidates.
+                numbered = rows.append_column("__row", pa.array(np.arange(rows.num_rows)))
+                kept = np.zeros(rows.num_rows, dtype=bool)
+                kept[numbered.filter(~predicate).column("__row").to_numpy()] = True
+                keep = rows.filter(pa.array(kept | ~self._key_mask(rows.column(self.cluster.column), keys=keys)))
+            else:
+                keep = rows.filter(~predicate)
             if keep.num_rows == rows.num_rows:
                 continue
             deleted += rows.num_rows - keep.num_rows
@@ -508,12 +600,16 @@ class RsTable(Table):
             raise StorageError(
                 f"{self.name}: rows for {sorted(map(str, new_keys - remove_keys))} fall outside the keys being replaced"
             )
-        self.warehouse.step(f"{self.name}.{op}.files_written")
-        now_ms = int(time.time() * 1000)
+        now_ms = _now_ms()
         removes = []
         if remove_keys:
             old = self.files(dt=dt) if remove_keys == "all" else self.files(keys=remove_keys, dt=dt)
             removes = [RemoveAction(f.path, True, now_ms, f.size, {}) for f in old]
+            if remove_keys != "all":
+                # A merged day or month keeps its other keys: its rows outside ``remove_keys``, rewritten.
+                adds += self._rewrite_spans([f for f in old if self._is_span(f.key) and f.key not in remove_keys],
+                                            remove_keys)
+        self.warehouse.step(f"{self.name}.{op}.files_written")
         if not adds and not removes and txn is None:
             return False
         properties = CommitProperties(
@@ -525,6 +621,20 @@ class RsTable(Table):
         )
         self.warehouse.step(f"{self.name}.{op}.committed")
         return True
+
+    def _rewrite_spans(self, spans: list[DataFile], keys: set) -> list[tuple[Any, str | None]]:
+        """Write each merged file's rows outside ``keys`` to a new file of the same span; their add actions."""
+        if not spans:
+            return []
+        folder = self.path / f"s{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+        for number, f in enumerate(spans):
+            rows = pq.read_table(self.path / f.path, schema=self.arrow_schema)
+            keep = rows.filter(pa.array(~self._key_mask(rows.column(self.cluster.column), keys=keys)))
+            if keep.num_rows:
+                target = folder / f"k={f.key}"
+                target.mkdir(parents=True, exist_ok=True)
+                pq.write_table(keep, target / f"part-{number:05d}.parquet", write_statistics=_statistics(self.name))
+        return self._add_actions(folder)
 
     def _staging_folder(self) -> Path:
         # Inside the table root: committing staged files adds them where they are, no copy.
@@ -596,10 +706,6 @@ class RsTable(Table):
 
         A rewrite is ``dataChange=false``: readers and idempotent writers see the same rows.
         """
-        from deltalake import CommitProperties
-        from deltalake._internal import RemoveAction
-        from deltalake.transaction import AddAction
-
         dt = self._delta()
         files = self.files(dt=dt)
         threshold = min_files or self.warehouse.settings.compact_min_files
@@ -608,9 +714,38 @@ class RsTable(Table):
         by_key: dict[str | None, list[DataFile]] = {}
         for f in files:
             by_key.setdefault(f.key, []).append(f)
+        return self._combine(dt, by_key, "compact")
+
+    def merge(self, before: datetime) -> int:
+        """Merge each whole day before ``before`` of a table keyed by hour into one file keyed by the
+        day (a table keyed by day: each month); returns files removed.
+
+        Compaction keeps a file per key, so a table keyed by hour would gain a file an hour forever;
+        merged, it gains one a day. Reads by hour still return only that hour's rows, and replacing or
+        deleting an hour of a merged day rewrites the day's other hours (``_rewrite_spans``). A merge
+        is ``dataChange=false``, like a compaction.
+        """
+        if self.cluster is None or self.cluster.grain not in _SPAN_GRAIN:
+            return 0
+        dt = self._delta()
+        index = self._file_index(dt)
+        grain = _SPAN_GRAIN[self.cluster.grain]
+        bound, width = cluster_key(before, grain), _KEY_LENGTH[grain]
+        by_span: dict[str, list[DataFile]] = {}
+        for key in sorted(index.keys + index.spans):  # a span sorts before the keys it holds
+            if key[:width] < bound:
+                by_span.setdefault(key[:width], []).extend(f for _, f in index.by_key[key])
+        return self._combine(dt, by_span, "merge")
+
+    def _combine(self, dt, groups: dict[str | None, list[DataFile]], op: str) -> int:
+        """Rewrite each group of two or more files as one file under the group's key, in one commit."""
+        from deltalake import CommitProperties
+        from deltalake._internal import RemoveAction
+        from deltalake.transaction import AddAction
+
         folder = self.path / f"c{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
-        actions, removed, now_ms = [], 0, int(time.time() * 1000)
-        for key, group in by_key.items():
+        actions, removed, now_ms = [], 0, _now_ms()
+        for key, group in groups.items():
             if len(group) < 2:
                 continue
             rows = pads.dataset([str(self.path / f.path) for f in group], schema=self.arrow_schema).to_table()
@@ -624,10 +759,10 @@ class RsTable(Table):
             removed += len(group)
         if not removed:
             return 0
-        self.warehouse.step(f"{self.name}.compact.files_written")
+        self.warehouse.step(f"{self.name}.{op}.files_written")
         dt.create_write_transaction(actions, mode="append", schema=self.arrow_schema,
-                                    commit_properties=CommitProperties(custom_metadata={"traffic.op": "compact"}))
-        self.warehouse.step(f"{self.name}.compact.committed")
+                                    commit_properties=CommitProperties(custom_metadata={"traffic.op": op}))
+        self.warehouse.step(f"{self.name}.{op}.committed")
         return removed
 
     def checkpoint(self) -> None:
@@ -642,9 +777,27 @@ class RsTable(Table):
             last = -1
         return self.version() - last > CHECKPOINT_EVERY
 
-    def vacuum(self, retention_hours: int = 24) -> list[str]:
-        """Delete data files removed from the log more than ``retention_hours`` ago."""
-        return self._delta().vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
+    def vacuum(self, retention_hours: int | None = None) -> list[str]:
+        """Delete the files no current row is in: removed from the log, or never committed (a crashed
+        write's), more than ``retention_hours`` ago (default: the table's ``deletedFileRetentionDuration``)."""
+        deleted = self._delta().vacuum(retention_hours=retention_hours, dry_run=False,
+                                       enforce_retention_duration=False, full=True)
+        for folder in sorted({(self.path / name).parent for name in deleted}, key=lambda p: -len(p.parts)):
+            while folder != self.path:  # the folders the deleted files leave empty (a write's own folder)
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+                folder = folder.parent
+        return deleted
+
+    def configure(self) -> bool:
+        """Give a table made by an older version today's ``TABLE_CONFIGURATION``; whether it changed."""
+        current = self._delta().metadata().configuration
+        if all(current.get(name) == value for name, value in TABLE_CONFIGURATION.items()):
+            return False
+        self._delta().alter.set_table_properties(TABLE_CONFIGURATION)
+        return True
 
     def cleanup_log(self) -> None:
         self._delta().cleanup_metadata()
@@ -720,24 +873,6 @@ class SparkDeltaTable(Table):
         from deltalake import DeltaTable as RsDeltaTable  # reading the log is engine-neutral
 
         return RsDeltaTable(str(self.path)).transaction_version(app_id)
-
-    def _where(self, keys=None, key_min=None, key_max=None) -> str | None:
-        if not self.cluster:
-            return None
-        fmt = _SPARK_KEY_FORMATS[self.cluster.grain]
-        expr = f"date_format(`{self.cluster.column}`, \"{fmt}\")"
-        parts = []
-        if keys is not None:
-            listed = [k for k in keys if k is not None]
-            clause = f"{expr} IN ({', '.join(repr(k) for k in listed)})" if listed else "false"
-            if None in set(keys):
-                clause = f"({clause} OR `{self.cluster.column}` IS NULL)"
-            parts.append(clause)
-        if key_min is not None:
-            parts.append(f"{expr} >= '{key_min}'")
-        if key_max is not None:
-            parts.append(f"{expr} < '{key_max}'")
-        return " AND ".join(parts) if parts else None
 
     def read(self, keys=None, key_min=None, key_max=None):
         df = self._spark().read.format("delta").load(str(self.path))
@@ -819,6 +954,10 @@ class SparkDeltaTable(Table):
         self._delta().optimize().executeCompaction()
         return 0
 
+    def merge(self, before: datetime) -> int:
+        """delta-spark prunes by the rows' keys, not by folder: its compaction's files may span keys already."""
+        return 0
+
     def checkpoint(self) -> None:
         from deltalake import DeltaTable as RsDeltaTable
 
@@ -828,9 +967,13 @@ class SparkDeltaTable(Table):
         """delta-spark checkpoints at the table's interval itself."""
         return False
 
-    def vacuum(self, retention_hours: int = 24) -> list[str]:
+    def vacuum(self, retention_hours: int | None = None) -> list[str]:
         self._delta().vacuum(retention_hours)
         return []
+
+    def configure(self) -> bool:
+        """delta-spark tables keep the properties they were created with."""
+        return False
 
     def cleanup_log(self) -> None:
         """delta-spark cleans expired log entries itself at checkpoints."""

@@ -3,7 +3,7 @@
 Every fault point of the Delta layer (files written / committed, per table and operation)
 reached by a scenario of two ingests and two closes is enumerated from a clean run. A step that
 recurs in the second ingest (close) is killed there only, so each distinct write step is killed
-once (44 of the 72 points the scenario passes). For each one, the scenario runs up to the command
+once (48 of the 80 points the scenario passes). For each one, the scenario runs up to the command
 in which that point happens, runs that command as a
 separate process that kills itself with SIGKILL at the point, and then runs the command again
 and the rest of the scenario: the tables must equal the uninterrupted run's, row for row, and
@@ -87,6 +87,7 @@ def test_scenario_reaches_many_kill_points(scenario):
     assert any(p.startswith("daily.roll_up.committed") for p in points)
     assert any(p.startswith("monthly.roll_up.committed") for p in points)
     assert any(p.startswith("packets.expire.committed") for p in points)
+    assert any(p.startswith("hourly.merge.committed") for p in points)  # the frozen day merged into one file
 
 
 def _run_one(harness: Harness, index: int) -> None:

@@ -176,3 +176,129 @@ def test_rs_tables_checkpoint_every_few_commits_and_close_catches_up_older_ones(
     assert _last_checkpoint(table) == table.version()
     assert not table.checkpoint_due()
     assert table.read_arrow().num_rows == CHECKPOINT_EVERY + 2
+
+
+# -- merged days (Table.merge) ---------------------------------------------------------------------
+def _hour_rows(start: datetime, hours: range, tag: int = 0) -> pa.Table:
+    """Two rows an hour; ``bytes`` names the row (hour index, tag), so any lost or extra row shows."""
+    from datetime import timedelta
+
+    stamps = [start + timedelta(hours=h) for h in hours for _ in range(2)]
+    return pa.table({"hour": stamps, "local_ip": [f"10.0.0.{i % 2 + 1}" for i in range(len(stamps))],
+                     "remote_ip": ["192.0.2.1"] * len(stamps),
+                     "bytes": [h * 10 + i + tag * 1000 for h in hours for i in range(2)],
+                     "packets": [1] * len(stamps), "status": ["final"] * len(stamps)})
+
+
+def _by_key(table: pa.Table) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for hour, size in zip(table.column("hour").to_pylist(), table.column("bytes").to_pylist()):
+        out.setdefault(hour.strftime("%Y-%m-%dT%H"), []).append(size)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+_RANGES = [(None, None), ("2026-10-01T05", None), (None, "2026-10-02T00"), ("2026-10-01T23", "2026-10-02T01"),
+           ("2026-10-02T00", "2026-10-03T00"), ("2026-10-02T00", "2026-10-02T00"), (None, "2026-10-01T00"),
+           ("2026-10-02T23", "2026-10-03T02"), ("2026-10-03T02", None), ("2026-10-01T00", "2026-10-01T01")]
+
+
+def _assert_reads(table, model: dict[str, list[int]]) -> None:
+    """Every read (by keys, by range, Arrow and Spark) returns exactly the model's rows."""
+    assert _by_key(table.read_arrow()) == model
+    for key in ["2026-10-01T00", "2026-10-01T05", "2026-10-01T23", "2026-10-02T00", "2026-10-02T11",
+                "2026-10-03T01", "2026-10-04T00"]:
+        assert _by_key(table.read_arrow(keys=[key], columns=["hour", "bytes"])) == \
+            ({key: model[key]} if key in model else {}), key
+    pair = ["2026-10-01T03", "2026-10-02T20"]
+    assert _by_key(table.read_arrow(keys=iter(pair))) == {k: model[k] for k in pair if k in model}
+    for key_min, key_max in _RANGES:
+        expected = {k: v for k, v in model.items() if (key_min is None or k >= key_min) and (key_max is None or k < key_max)}
+        assert _by_key(table.read_arrow(key_min=key_min, key_max=key_max)) == expected, (key_min, key_max)
+        assert _by_key(table.read(key_min=key_min, key_max=key_max).toArrow()) == expected, (key_min, key_max)
+    assert _by_key(table.read(keys=["2026-10-01T07", "2026-10-03T00"]).toArrow()) == \
+        {k: model[k] for k in ["2026-10-01T07", "2026-10-03T00"] if k in model}
+
+
+def test_merged_days_read_and_write_exactly_like_hours(warehouse):
+    """Merging finished days into one file each changes no read; replacing or deleting an hour of a merged
+    day keeps the day's other hours; a day merged again after such a write is one file again."""
+    from datetime import timedelta
+
+    table = warehouse.table("hourly")
+    t0 = datetime(2026, 10, 1, tzinfo=UTC)
+    for h in range(51):  # two whole days and three hours of the third, an hour per commit
+        table.replace(_hour_rows(t0, range(h, h + 1)), keys=[f"{t0 + timedelta(hours=h):%Y-%m-%dT%H}"])
+    model = _by_key(table.read_arrow())
+    assert len(model) == 51
+    _assert_reads(table, model)
+
+    removed = table.merge(t0 + timedelta(days=2, hours=5))  # the third day is not finished: not merged
+    if warehouse.engine == "rs":
+        assert removed == 48
+        assert sorted(f.key for f in table.files()) == ["2026-10-01", "2026-10-02", "2026-10-03T00",
+                                                         "2026-10-03T01", "2026-10-03T02"]
+        assert table.merge(t0 + timedelta(days=2)) == 0  # nothing left to merge
+    _assert_reads(table, model)
+
+    table.replace(_hour_rows(t0, range(5, 6), tag=7), keys=["2026-10-01T05"])
+    model["2026-10-01T05"] = [7050, 7051]
+    _assert_reads(table, model)
+    table.delete_keys(["2026-10-01T06", "2026-10-02T00", "2026-10-03T01"])
+    for key in ("2026-10-01T06", "2026-10-02T00", "2026-10-03T01"):
+        del model[key]
+    _assert_reads(table, model)
+    # A row-level delete confined to some hours leaves the same values in the day's other hours alone.
+    assert table.delete_where([("local_ip", "=", "10.0.0.1")], keys=["2026-10-01T07", "2026-10-02T07"]) == 2
+    model["2026-10-01T07"], model["2026-10-02T07"] = [71], [311]
+    _assert_reads(table, model)
+    with pytest.raises(StorageError, match="outside the keys"):
+        table.replace(_hour_rows(t0, range(9, 11)), keys=["2026-10-01T09"])
+    _assert_reads(table, model)
+
+    table.merge(t0 + timedelta(days=3))
+    if warehouse.engine == "rs":
+        assert sorted(f.key for f in table.files()) == ["2026-10-01", "2026-10-02", "2026-10-03"]
+    _assert_reads(table, model)
+    table.compact(min_files=2)
+    _assert_reads(table, model)
+
+
+def test_daily_merges_finished_months(warehouse):
+    from datetime import date
+
+    table = warehouse.table("daily")
+    days = [date(2026, 9, 29), date(2026, 9, 30), date(2026, 10, 1), date(2026, 10, 2)]
+    for n, day in enumerate(days):
+        table.replace(pa.table({"day": [day], "month": [day.replace(day=1)], "local_ip": ["10.0.0.1"],
+                                "remote_ip": ["192.0.2.1"], "bytes": [n], "packets": [1]}), keys=[f"{day:%Y-%m-%d}"])
+    removed = table.merge(datetime(2026, 10, 2, tzinfo=UTC))
+    if warehouse.engine == "rs":
+        assert removed == 2
+        assert sorted(f.key for f in table.files()) == ["2026-09", "2026-10-01", "2026-10-02"]
+    assert table.read_arrow(keys=["2026-09-30"]).column("bytes").to_pylist() == [1]
+    assert sorted(table.read_arrow(key_min="2026-09-30", key_max="2026-10-02").column("bytes").to_pylist()) == [1, 2]
+    assert table.read(keys=["2026-09-29"]).count() == 1
+
+
+def test_maintenance_gives_older_tables_todays_settings(tmp_path):
+    """A table made by an older version (7 days of log, checkpoints every 50 commits) is given today's
+    ``TABLE_CONFIGURATION`` by the close's periodic maintenance, once."""
+    import shutil
+
+    from deltalake import DeltaTable, Schema
+
+    from traffic.delta import TABLE_CONFIGURATION
+
+    settings = load_settings(environ={}, overrides={"warehouse": tmp_path / "w", "inbox": tmp_path / "in"})
+    warehouse = Warehouse(settings, engine="rs")
+    warehouse.create_all()
+    table = warehouse.table("hourly")
+    assert table.configure() is False
+    DeltaTable.create(str(tmp_path / "old"), schema=Schema.from_arrow(table.arrow_schema),
+                      configuration={"delta.checkpointInterval": "50", "delta.logRetentionDuration": "interval 7 days"})
+    shutil.rmtree(table.path)
+    (tmp_path / "old").rename(table.path)
+    older = Warehouse(settings, engine="rs").table("hourly")
+    assert older.configure() is True
+    assert Warehouse(settings, engine="rs").table("hourly")._delta().metadata().configuration == TABLE_CONFIGURATION
+    assert older.configure() is False

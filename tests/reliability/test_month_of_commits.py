@@ -4,7 +4,9 @@ Each batch appends one file per hour it touches to ``packets`` (idempotent by ba
 every 12 batches a "close" does what the pipeline's close does: expire hours older than
 ``keep_hours``, compact when the table has many small files, checkpoint, and clean log
 entries older than the log retention. Time is simulated: log files are aged to the moment
-their commit would have happened, so the 7-day log retention applies as it would over a month.
+their commit would have happened, so the 1-day log retention applies as it would over a month,
+and the files a commit removes are stamped with that moment, so their one-day retention does too
+(stamped with the real clock, every removal of the month would stay in the table's snapshot).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
+from traffic import delta
 from traffic.delta import Warehouse, cluster_key
 from traffic.settings import load_settings
 
@@ -55,16 +58,19 @@ def _age_log(log_dir: str, commit_times: dict[int, datetime], simulated_now: dat
 
 
 @pytest.mark.slow
-def test_a_month_of_micro_batches_keeps_files_log_and_reads_bounded(tmp_path):
+def test_a_month_of_micro_batches_keeps_files_log_and_reads_bounded(tmp_path, monkeypatch):
     settings = load_settings(environ={}, overrides={"warehouse": tmp_path, "compact_min_files": 32})
     table = Warehouse(settings, engine="rs").table("packets")
     table.create()
     log_dir = str(table.path / "_delta_log")
     commit_times: dict[int, datetime] = {0: T0}
+    simulated = {"now": T0}
+    monkeypatch.setattr(delta, "_now_ms", lambda: int(simulated["now"].timestamp() * 1000))
     curve = []  # (day, live files, log json files, read latency of the newest hour, files on disk)
     version = table.version()
     for i in range(BATCHES):
         now = T0 + timedelta(minutes=5 * (i + 1))
+        simulated["now"] = now
         table.append(_batch(i), txn=("ingest", i + 1))
         version += 1
         commit_times[version] = now
@@ -96,9 +102,9 @@ def test_a_month_of_micro_batches_keeps_files_log_and_reads_bounded(tmp_path):
     assert max(files for _, files, _, _, _ in curve) <= KEEP_HOURS + 1 + settings.compact_min_files
     # Vacuum keeps what is on disk bounded too (live files plus checkpoints' worth of nothing else).
     assert max(on_disk for *_, on_disk in curve[1:]) <= 2 * (KEEP_HOURS + 1 + settings.compact_min_files) + 12
-    # The log stops growing once the 7-day retention applies.
+    # The log stops growing once the 1-day retention applies.
     logs_by_day = {day: logs for day, _, logs, _, _ in curve}
-    assert logs_by_day[30] <= logs_by_day[8] * 1.05, logs_by_day
+    assert logs_by_day[30] <= logs_by_day[4] * 1.05, logs_by_day
     # Reading the newest hour costs the same in the last week as in the first (no replay of history):
     # medians over five days each, so one noisy sample on a busy machine cannot decide it.
     first = statistics.median(lat for day, _, _, lat, _ in curve if 2 <= day <= 6)
