@@ -484,8 +484,14 @@ class RsTable(Table):
         return index
 
     def keys(self) -> list[str]:
-        """Distinct cluster keys present (sorted)."""
-        return sorted({f.key for f in self.files() if f.key is not None})
+        """Distinct cluster keys present (sorted); a merged file's are read from its rows."""
+        files = self.files()
+        keys = {f.key for f in files if f.key is not None and not self._is_span(f.key)}
+        spans = [str(self.path / f.path) for f in files if self._is_span(f.key)]
+        if spans:
+            column = pads.dataset(spans, schema=self.arrow_schema).to_table(columns=[self.cluster.column]).column(0)
+            keys |= {k for k in _key_groups(column, self.cluster.grain)[1] if k != _NULL_KEY}
+        return sorted(keys)
 
     # -- reads --------------------------------------------------------------------------
     def read_arrow(self, keys=None, key_min=None, key_max=None, columns=None, filter=None) -> pa.Table:

@@ -203,8 +203,10 @@ _RANGES = [(None, None), ("2026-10-01T05", None), (None, "2026-10-02T00"), ("202
 
 
 def _assert_reads(table, model: dict[str, list[int]]) -> None:
-    """Every read (by keys, by range, Arrow and Spark) returns exactly the model's rows."""
+    """Every read (by keys, by range, Arrow and Spark) returns exactly the model's rows, and the keys listed are
+    the model's (a merged day lists its hours)."""
     assert _by_key(table.read_arrow()) == model
+    assert table.keys() == sorted(model)
     for key in ["2026-10-01T00", "2026-10-01T05", "2026-10-01T23", "2026-10-02T00", "2026-10-02T11",
                 "2026-10-03T01", "2026-10-04T00"]:
         assert _by_key(table.read_arrow(keys=[key], columns=["hour", "bytes"])) == \
