@@ -434,7 +434,8 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
             "late_kept_bytes": late_kept[hour], "rows_differing": totals.differing.get(hour, 0),
             "panes_bytes": pane_sums.get(hour, (0, 0))[0], "panes_packets": pane_sums.get(hour, (0, 0))[1],
         })
-    check.validate("packets", totals.packets, periods, asset="packets.freeze")
+    check.validate("packets", totals.packets, periods, asset="packets.freeze",
+                   rows=sum(count for _, count in totals.raw.values()))
     _validate_side_tables(warehouse, check, keys, periods, "freeze")
     # The final rows and panes as stored (an Arrow freeze wrote them from its tasks).
     check.validate("hourly", warehouse.table("hourly").read(keys=keys), periods, asset="hourly.freeze")

@@ -256,8 +256,11 @@ class Validation:
 
     # -- running suites -----------------------------------------------------------------------
     def validate(self, suite: str, frame, periods: Iterable[tuple[str, datetime]], asset: str | None = None,
-                 table: str | None = None) -> list[Outcome]:
-        """Run ``suite`` once over ``frame`` (Spark, or pandas for the ledger) and attribute results to periods."""
+                 table: str | None = None, rows: int | None = None) -> list[Outcome]:
+        """Run ``suite`` once over ``frame`` (Spark, or pandas for the ledger) and attribute results to periods.
+
+        ``rows``: the frame's row count when the caller already knows it (spares a Spark job over it).
+        """
         import time
 
         from great_expectations.core.run_identifier import RunIdentifier
@@ -269,7 +272,7 @@ class Validation:
         if engine == "spark":
             if meta.get("view"):
                 frame = frame.selectExpr("*", *[f"{expr} AS `{name}`" for name, expr in meta["view"].items()])
-            if frame.count() <= DRIVER_ROWS:
+            if (frame.count() if rows is None else rows) <= DRIVER_ROWS:
                 frame, engine = _pandas(frame.toArrow()), "pandas"
         context = _context(reports_dir(self.warehouse))
         definition = _definition(context, suite, asset or f"{suite}.{self.step}", engine)

@@ -130,6 +130,29 @@ def test_negative_byte_count_in_packets_fails_the_hour_and_blocks_the_day(stages
     _nothing_published_over(harness, OCT31)
 
 
+def test_non_canonical_address_in_packets_fails_the_hour_through_its_final_rows(stages, spark, tmp_path):
+    """The packets suite leaves address form to the hourly suite (the final rows' addresses are exactly the
+    distinct addresses of the hour's packets): a raw row with a leading-zero address still fails its hour."""
+    harness = _copy(stages, "ingested", tmp_path / "w", spark)
+    Warehouse(harness.settings).table("packets").append(pa.Table.from_pylist([{
+        "ts": H22 + timedelta(minutes=33), "source": "r1", "local_ip": "10.0.0.09", "remote_ip": "192.0.2.9",
+        "local_port": 1, "remote_port": 2, "protocol": 6, "bytes": 40, "direction": "out", "hour": H22, "batch_id": 1,
+        "input_file": "part-00001.csv"}]))
+    with pytest.raises(CheckFailed) as caught:
+        close(harness.settings, lambda: spark, None, _quiet)
+    assert "hour 2026-10-31T22:00Z: expect_column_values_to_match_regex(local_ip is canonical IPv4/IPv6 text) " \
+           "failed" in str(caught.value)
+    failed = [r for r in _failed_results(harness, "hourly") if r["period_start"] == H22]
+    assert [(r["expectation"], r["critical"], r["table"]) for r in failed] == [
+        ("expect_column_values_to_match_regex(local_ip is canonical IPv4/IPv6 text)", True, "hourly")]
+    assert "10.0.0.09" in failed[0]["observed"]
+    assert _failed_results(harness, "packets") == []  # every row rule of the raw detail itself holds
+    ledger = _ledger(harness)
+    assert ledger[("hour", H22)]["dq_status"] == "failed"
+    assert ledger[("hour", H23)]["dq_status"] == "passed"
+    _nothing_published_over(harness, OCT31)
+
+
 def test_duplicated_key_in_a_frozen_hour_is_caught_when_its_day_rolls_up(stages, spark, tmp_path):
     harness = _copy(stages, "frozen", tmp_path / "w", spark)
     table = Warehouse(harness.settings).table("hourly")
