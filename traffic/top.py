@@ -4,9 +4,9 @@ The window ``[W - last, W)`` splits into whole hours, read from ``hourly`` (open
 hour's row always holds every on-time packet of that hour) or, per account, from ``panes``,
 and at most two partial hours at its edges, read from raw detail (``packets``) pruned to those
 hours alone; per account, each raw packet takes the account of the mapping version in force at
-its time, as its pane did. Totals are built one
-hour at a time and folded into one running table per key, so memory grows with the number of
-keys, never with the length of the window.
+its time, as its pane did. Totals are built one UTC day at a time (a frozen day of ``hourly``
+and ``panes`` is one merged file, read once) and folded into one running table per key, so
+memory grows with the number of keys, never with the length of the window.
 
 Raw detail exists only for the last ``keep_hours`` hours before ``hour_floor(W)`` (older hours
 may have been expired; W never moves back, so no newer hour ever was). When the window starts
@@ -25,11 +25,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from traffic.accounts import NO_ACCOUNTS, load_accounts
-from traffic.clock import hour_floor
+from traffic.clock import day_start, hour_floor
 from traffic.delta import Warehouse, cluster_key
 from traffic.state import read_clock_state
 
 HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
 #: What ``--by`` groups on.
 KEYS = {"host": "local_ip", "peer": "remote_ip", "account": "account"}
 TOTALS = ("bytes", "packets", "bytes_in", "bytes_out")
@@ -102,14 +103,14 @@ def _raw_part(warehouse: Warehouse, hour: datetime, lo: datetime, hi: datetime, 
                                  packets.column("direction")), key)
 
 
-def _hourly_part(warehouse: Warehouse, hour: datetime, key: str) -> pa.Table:
-    """Totals per key of one whole hour: its ``hourly`` rows, or its panes per account."""
+def _hourly_part(warehouse: Warehouse, hours: list[datetime], key: str) -> pa.Table:
+    """Totals per key of whole hours: their ``hourly`` rows, or their panes per account."""
+    keys = [cluster_key(hour, "hour") for hour in hours]
     if key == "account":
-        panes = warehouse.table("panes").read_arrow(keys=[cluster_key(hour, "hour")],
-                                                    columns=["account", "direction", "bytes", "packets"])
+        panes = warehouse.table("panes").read_arrow(keys=keys, columns=["account", "direction", "bytes", "packets"])
         return _sum_by(_by_direction(panes.column("account"), key, panes.column("bytes"), panes.column("packets"),
                                      panes.column("direction")), key)
-    return _sum_by(warehouse.table("hourly").read_arrow(keys=[cluster_key(hour, "hour")], columns=[key, *TOTALS]), key)
+    return _sum_by(warehouse.table("hourly").read_arrow(keys=keys, columns=[key, *TOTALS]), key)
 
 
 def top_talkers(warehouse: Warehouse, last: timedelta, by: str = "host", limit: int | None = 10) -> TopTalkers:
@@ -137,10 +138,12 @@ def top_talkers(warehouse: Warehouse, last: timedelta, by: str = "host", limit: 
         running = _fold(running, _raw_part(warehouse, hour_floor(start), start, min(first_whole, watermark), key), key)
         result.raw_hours.append(hour_floor(start))
     hour = first_whole
-    while hour + HOUR <= watermark:
-        running = _fold(running, _hourly_part(warehouse, hour, key), key)
-        result.whole_hours.append(hour)
-        hour += HOUR
+    while hour + HOUR <= watermark:  # the whole hours, up to hour_floor(W), a UTC day per read
+        until = min(day_start(hour.date()) + DAY, hour_floor(watermark))
+        hours = [hour + HOUR * i for i in range((until - hour) // HOUR)]
+        running = _fold(running, _hourly_part(warehouse, hours, key), key)
+        result.whole_hours += hours
+        hour = until
     if hour < watermark and first_whole <= hour:  # the partial hour at the end (W inside it)
         running = _fold(running, _raw_part(warehouse, hour, hour, watermark, key), key)
         result.raw_hours.append(hour)

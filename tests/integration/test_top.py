@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 
 import pytest
 
@@ -142,3 +142,34 @@ def test_cli_prints_the_table_and_rejects_bad_windows(warehouse, capsys):
     assert "is not a duration" in capsys.readouterr().err
     with pytest.raises(TopError):
         top_talkers(warehouse.warehouse(), timedelta(0), "host")
+
+
+def test_windows_over_a_merged_day_read_it_once_and_give_the_same_totals(warehouse, spark, tmp_path, monkeypatch):
+    """Once a frozen day of ``hourly`` and ``panes`` is one merged file, a window reads it once (a read per UTC
+    day, not per hour: that was 24 reads of the whole day's file) and its totals are unchanged."""
+    import shutil
+
+    from traffic.delta import RsTable
+
+    shutil.copytree(warehouse.root, tmp_path / "w")
+    merged = Harness(tmp_path / "w", spark, keep_hours=200, accounts_file=tmp_path / "w" / "accounts.toml")
+    merged.close()  # freezes up to the watermark: 2026-11-03 is wholly frozen, and merged
+    assert any("k=2026-11-03/" in f.path for f in merged.warehouse().table("hourly").files())
+    reads = defaultdict(int)
+    read_arrow = RsTable.read_arrow
+
+    def counted(self, *args, **kwargs):
+        reads[self.name] += 1
+        return read_arrow(self, *args, **kwargs)
+
+    monkeypatch.setattr(RsTable, "read_arrow", counted)
+    watermark = merged.watermark
+    for by in ("host", "account"):
+        for last in (timedelta(hours=24), timedelta(days=7)):
+            reads.clear()
+            result = top_talkers(merged.warehouse(), last, by, limit=None)
+            got = {r["key"]: (r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"]) for r in result.rows}
+            assert got == _brute_force(merged, watermark - last, watermark, KEYS[by])
+            days = {h.date() for h in result.whole_hours}
+            assert reads["panes" if by == "account" else "hourly"] == len(days) < len(result.whole_hours)
+            assert date(2026, 11, 3) in days
