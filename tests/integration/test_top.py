@@ -10,6 +10,7 @@ the mapping changes inside the data: each packet counts for the account in force
 from __future__ import annotations
 
 import random
+import shutil
 from collections import defaultdict
 from datetime import date, datetime, timedelta, timezone
 
@@ -19,6 +20,7 @@ from tests.harness import Harness
 from traffic.accounts import load_accounts
 from traffic.cli import main
 from traffic.clock import hour_floor
+from traffic.delta import RsTable, Warehouse
 from traffic.top import KEYS, TopError, top_talkers
 
 UTC = timezone.utc
@@ -71,6 +73,11 @@ def _brute_force(harness: Harness, start: datetime, end: datetime, column: str) 
     return {k: tuple(v) for k, v in totals.items()}
 
 
+def _totals(result) -> dict:
+    """A top-talkers result as {key: (bytes, packets, bytes_in, bytes_out)}, as ``_brute_force`` gives it."""
+    return {r["key"]: (r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"]) for r in result.rows}
+
+
 @pytest.fixture(scope="module")
 def warehouse(spark, tmp_path_factory):
     """30 hours of two sources' traffic, in three deliveries, the first two hours' worth closed."""
@@ -101,7 +108,7 @@ def test_window_totals_equal_a_brute_force_sum_over_raw_detail(warehouse, last, 
     watermark = warehouse.watermark
     assert result.end == watermark and result.start == watermark - last and result.note is None
     expected = _brute_force(warehouse, watermark - last, watermark, KEYS[by])
-    got = {r["key"]: (r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"]) for r in result.rows}
+    got = _totals(result)
     assert got == expected and expected
     if by == "account" and last >= timedelta(hours=24):
         assert {"alpha", "beta", "unassigned"} <= set(got)  # both versions of the mapping in one window
@@ -120,15 +127,13 @@ def test_ranking_is_by_bytes_and_limited(warehouse):
 
 def test_an_expired_edge_hour_moves_the_start_to_the_next_whole_hour_and_says_so(warehouse):
     settings = warehouse.settings.replace(keep_hours=3)
-    from traffic.delta import Warehouse
-
     wh = Warehouse(settings, engine="rs")
     last = timedelta(hours=6, minutes=20)
     result = top_talkers(wh, last, "host", limit=None)
     watermark = warehouse.watermark
     assert result.start == hour_floor(watermark - last) + timedelta(hours=1)
     assert "not kept" in result.note and "keep_hours=3" in result.note
-    got = {r["key"]: (r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"]) for r in result.rows}
+    got = _totals(result)
     assert got == _brute_force(warehouse, result.start, watermark, "local_ip")
 
 
@@ -147,10 +152,6 @@ def test_cli_prints_the_table_and_rejects_bad_windows(warehouse, capsys):
 def test_windows_over_a_merged_day_read_it_once_and_give_the_same_totals(warehouse, spark, tmp_path, monkeypatch):
     """Once a frozen day of ``hourly`` and ``panes`` is one merged file, a window reads it once (a read per UTC
     day, not per hour: that was 24 reads of the whole day's file) and its totals are unchanged."""
-    import shutil
-
-    from traffic.delta import RsTable
-
     shutil.copytree(warehouse.root, tmp_path / "w")
     merged = Harness(tmp_path / "w", spark, keep_hours=200, accounts_file=tmp_path / "w" / "accounts.toml")
     merged.close()  # freezes up to the watermark: 2026-11-03 is wholly frozen, and merged
@@ -168,7 +169,7 @@ def test_windows_over_a_merged_day_read_it_once_and_give_the_same_totals(warehou
         for last in (timedelta(hours=24), timedelta(days=7)):
             reads.clear()
             result = top_talkers(merged.warehouse(), last, by, limit=None)
-            got = {r["key"]: (r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"]) for r in result.rows}
+            got = _totals(result)
             assert got == _brute_force(merged, watermark - last, watermark, KEYS[by])
             days = {h.date() for h in result.whole_hours}
             assert reads["panes" if by == "account" else "hourly"] == len(days) < len(result.whole_hours)
