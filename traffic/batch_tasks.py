@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic.clock import micros
-from traffic.records import PARSED_SCHEMA
+from traffic.records import MAX_REASON_CHARS, PARSED_SCHEMA
 
 ON_TIME = "packet"
 LATE = "late"
@@ -41,11 +41,17 @@ _PANE_US = 300_000_000
 _TS = pa.timestamp("us", tz="UTC")
 NO_TIME = np.iinfo(np.int64).min
 
+_DDL_TYPES = {pa.int32(): "int", pa.int64(): "long", pa.string(): "string"}
+#: Why a chunk counted nothing (its whole file is then left out of the batch and recorded).
+VANISHED, CHANGED_SINCE_PLANNED, UNREADABLE = "vanished", "changed", "unreadable"
+
 #: The amounts every per-pair total carries (hourly, daily, monthly rows and their parts).
 AMOUNTS = ("bytes", "packets", "bytes_in", "bytes_out")
 #: What each task returns to the driver (through Spark), one row per chunk; times in epoch microseconds.
-OUTCOME = pa.schema([("chunk", pa.int32()), ("attempt", pa.int32()), ("newest", pa.int64()), ("oldest", pa.int64())])
-OUTCOME_DDL = ", ".join(f"{f.name} {'int' if f.type == pa.int32() else 'long'}" for f in OUTCOME)
+#: ``problem``: why the chunk's planned bytes could not be read (then it counted nothing), or null.
+OUTCOME = pa.schema([("chunk", pa.int32()), ("attempt", pa.int32()), ("newest", pa.int64()), ("oldest", pa.int64()),
+                     ("problem", pa.string())])
+OUTCOME_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in OUTCOME)
 SUMMARY = pa.schema([("fate", pa.string()), ("source", pa.string()), ("pane", _TS), ("records", pa.int64()),
                      ("bytes", pa.int64()), ("max_ts", _TS)])
 HOURLY_PARTS = pa.schema([("hour", _TS), ("local_ip", pa.string()), ("remote_ip", pa.string()),
@@ -176,6 +182,7 @@ def _reject_rows(parsed: pa.Table, code: np.ndarray, rules: Rules) -> pa.Table:
         "time ", stamp, f" is more than max_history behind the newest record of its batch (floor {floor})", "")
     reason = pc.if_else(pc.equal(which, _TOO_NEW), too_new,
                         pc.if_else(pc.equal(which, _TOO_OLD), too_old, rows.column("reason")))
+    reason = pc.utf8_slice_codeunits(reason, 0, MAX_REASON_CHARS)  # whatever a reader quoted, a reason stays short
     as_text = [rows.column(c).cast(pa.string()) for c in
                ("source", "local_ip", "remote_ip", "local_port", "remote_port", "protocol", "bytes", "direction")]
     record = pc.coalesce(rows.column("record"),
@@ -220,22 +227,38 @@ def file_part(chunk: int, attempt: int) -> str:
 
 
 def run_chunk(row: dict, rules: Rules, settings) -> dict:
-    """Parse, judge and write one chunk; returns its outcome row."""
+    """Parse, judge and write one chunk; returns its outcome row.
+
+    The task reads exactly the bytes its plan names and checks their sha256 first: a file that
+    vanished, became unreadable or changed since it was planned counts nothing (``problem``).
+    Whatever a reader raises on the bytes becomes one reject for the chunk, never a failed task.
+    """
     from traffic.delta import write_staged
-    from traffic.ingest import read_chunk
-    from traffic.readers import CAPTURE, parse_bytes
+    from traffic.inbox import PieceChanged, read_piece
+    from traffic.readers import CAPTURE, CSV_HEADER, parse_bytes, unreadable_chunk
 
     own = None
-    if row["format"] == CAPTURE:
-        # The whole capture from its file header (an appended tail has none), of which this task
-        # decodes the frames that start in its range.
-        data = read_chunk(row["path"], 0, row["file_end"], 0)
-        own = (row["start"], row["end"])
-    else:
-        data = read_chunk(row["path"], row["start"], row["end"], row["file_start"])
-    parsed = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"], settings=settings,
-                         own=own)
-    parsed = parsed.cast(PARSED_SCHEMA)
+    try:
+        if row["format"] == CAPTURE:
+            # The whole capture from its file header (an appended tail has none), of which this task
+            # decodes the frames that start in its range.
+            data = read_piece(row["path"], 0, row["file_end"], row["sha256"])
+            own = (row["start"], row["end"])
+        else:
+            data = read_piece(row["path"], row["start"], row["end"], row["sha256"])
+            if row["format"] == CSV_HEADER and row.get("header"):
+                data = row["header"].encode() + b"\n" + data  # an appended tail is read under its file's header
+    except PieceChanged:
+        return _unread(row, rules, CHANGED_SINCE_PLANNED)
+    except FileNotFoundError:
+        return _unread(row, rules, VANISHED)
+    except OSError as error:
+        return _unread(row, rules, f"{UNREADABLE}: {error.strerror or type(error).__name__}")
+    try:
+        parsed = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"], settings=settings,
+                             own=own).cast(PARSED_SCHEMA)
+    except Exception as error:  # noqa: BLE001 - a reader's failure on hostile bytes must not stop the batch
+        parsed = unreadable_chunk(row, error)
     del data
     code = fates(parsed, rules)
     parts = judge(parsed, rules, code)
@@ -261,7 +284,14 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
     candidates = ts[readable & (code != _OUTSIDE) & (code != _TOO_NEW)]
     return {"chunk": row["chunk"], "attempt": rules.attempt,
             "newest": int(anchors.max()) if len(anchors) else None,
-            "oldest": int(candidates.min()) if len(candidates) else None}
+            "oldest": int(candidates.min()) if len(candidates) else None, "problem": None}
+
+
+def _unread(row: dict, rules: Rules, problem: str) -> dict:
+    """The outcome of a chunk whose planned bytes could not be read: empty parts, and why."""
+    for what in ("summary", "hourly", "panes", "rejects"):
+        _save(rules, what, row["chunk"], _PARTS[what].empty_table())
+    return {"chunk": row["chunk"], "attempt": rules.attempt, "newest": None, "oldest": None, "problem": problem}
 
 
 def _save(rules: Rules, what: str, chunk: int, table: pa.Table) -> None:

@@ -8,12 +8,14 @@ so a batch killed at any point and run again ends exactly as an uninterrupted on
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable
 
 import pyarrow as pa
@@ -58,7 +60,10 @@ class BatchResult:
 def plan_batch(settings: Settings, warehouse: Warehouse) -> dict | None:
     """The next batch's plan (files, id, clocks before), or None when the inbox has nothing new."""
     found = inbox_mod.scan(settings.inbox, settings.min_file_age.total_seconds())
-    planned = inbox_mod.plan_files(found, st.known_files(warehouse))
+    planned = inbox_mod.plan_files(found, st.known_files(warehouse), cutting(settings))
+    for f in planned:
+        if f.status in (inbox_mod.SKIPPED, inbox_mod.UNREADABLE):
+            log.warning("inbox: %s %s: %s", f.status, f.name, f.note)
     if not planned:
         return None
     before = st.read_clock_state(warehouse)
@@ -124,23 +129,6 @@ def complete(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     return result
 
 
-MIN_SPLIT_BYTES = 4 * 1024 * 1024
-
-
-def _piece_bytes(size: int, split_bytes: int, parallelism: int) -> int:
-    """Bytes per parse task of a text file: at most ``split_bytes``, in equal pieces.
-
-    A file a little over ``split_bytes`` would otherwise be one full task and a sliver (one core
-    does all the work); a file of several MiB is spread over ``parallelism`` tasks, never into
-    pieces under ``MIN_SPLIT_BYTES``.
-    """
-    pieces = max(-(-size // split_bytes), min(parallelism, size // MIN_SPLIT_BYTES), 1)
-    rounds = -(-pieces // parallelism) * parallelism  # whole rounds: 11 tasks on 2 cores idle one for the last
-    if pieces > parallelism and size // rounds >= MIN_SPLIT_BYTES:
-        pieces = rounds
-    return max(1, -(-size // pieces))
-
-
 def task_slots(settings: Settings) -> int:
     """Parse tasks that run at once: N of a ``local[N]`` master (``auto``: the local default or the
     warm server, both ``local[2]``), this machine's cores for ``local[*]``; on a cluster,
@@ -154,57 +142,39 @@ def task_slots(settings: Settings) -> int:
     return max(1, settings.shuffle_partitions)
 
 
-def _chunks(plan: dict, split_bytes: int, parallelism: int = 1, slots: int | None = None) -> list[tuple]:
-    """(path, source, name, format, start, end) per parse task.
+def cutting(settings: Settings) -> inbox_mod.Cutting:
+    """How this warehouse's batches cut files into parse tasks (``inbox.survey``)."""
+    return inbox_mod.Cutting(split_bytes=settings.split_bytes, parallelism=settings.shuffle_partitions,
+                             slots=task_slots(settings),
+                             partial_line_grace=settings.partial_line_grace.total_seconds())
 
-    A router feed is split into line-aligned pieces (``_piece_bytes``). A capture's bytes still to
-    count (all of it, or what was appended) are split into one range per task slot (``slots``,
-    default ``parallelism``): every task walks the whole file's record headers from the file header
-    (they chain) and decodes the frames that start in its range (``parse_capture(own=...)``), so more
-    ranges than slots would only repeat the walk. Other files are one task.
+
+def _chunks(plan: dict, how: inbox_mod.Cutting) -> list[dict]:
+    """One row per parse task: a planned piece of a file to read (``inbox.survey`` cut it when planned).
+
+    A journal written before pieces were planned has files without them: they are surveyed now,
+    and a file whose content is no longer the planned sha256 gets the ``problem`` of a changed file.
     """
-    from traffic.readers import CAPTURE, ROUTER_FEED, detect_format
+    from traffic.batch_tasks import CHANGED_SINCE_PLANNED, VANISHED
 
-    chunks = []
+    rows = []
     for f in plan["files"]:
         if f["status"] not in inbox_mod.TO_READ:
             continue
-        with open(f["path"], "rb") as handle:
-            head = handle.read(4096)
-        fmt = detect_format(f["name"], head)
-        start, end = f["start"], f["size"]
-        if fmt == CAPTURE:
-            size = end - start
-            pieces = (slots or parallelism) if size >= 2 * MIN_SPLIT_BYTES else 1
-            chunks += [(f["path"], f["source"], f["name"], fmt, start + size * i // pieces,
-                        start + size * (i + 1) // pieces) for i in range(pieces)]
-            continue
-        if fmt != ROUTER_FEED:
-            chunks.append((f["path"], f["source"], f["name"], fmt, start, end))
-            continue
-        offset, piece = start, _piece_bytes(end - start, split_bytes, parallelism)
-        while offset < end:
-            chunks.append((f["path"], f["source"], f["name"], fmt, offset, min(end, offset + piece)))
-            offset += piece
-    return chunks
-
-
-def read_chunk(path: str, start: int, end: int, first_chunk_start: int) -> bytes:
-    """The whole lines of ``[start, end)``: a line belongs to the chunk its first byte is in."""
-    with open(path, "rb") as handle:
-        if start > first_chunk_start:
-            handle.seek(start - 1)
-            if handle.read(1) != b"\n":
-                handle.readline()  # the partial line belongs to the previous chunk
-        else:
-            handle.seek(start)  # the first byte still to count (0, or the end of what was counted before)
-        begin = handle.tell()
-        if begin >= end:
-            return b""
-        data = handle.read(end - begin)
-        if not data.endswith(b"\n"):
-            data += handle.readline()
-        return data
+        problem = None
+        if "pieces" not in f:
+            try:
+                surveyed, _ = inbox_mod.survey(inbox_mod.InboxFile(**{**f, "pieces": ()}), how)
+                f = {**f, **asdict(surveyed), "sha256": f["sha256"], "status": f["status"], "note": f["note"]}
+                problem = None if surveyed.sha256 == f["sha256"] else CHANGED_SINCE_PLANNED
+            except OSError:
+                problem = VANISHED
+        pieces = f["pieces"] or [(f["start"], f["size"], f["sha256"])]
+        for start, end, digest in pieces:
+            rows.append({"chunk": len(rows), "path": f["path"], "source": f["source"], "name": f["name"],
+                         "format": f["format"], "start": start, "end": end, "sha256": digest,
+                         "header": f.get("header", ""), "file_end": f["size"], "problem": problem})
+    return rows
 
 
 def _run_tasks(spark, chunk_rows: list[dict], rules) -> dict[int, dict]:
@@ -218,6 +188,94 @@ def _run_tasks(spark, chunk_rows: list[dict], rules) -> dict[int, dict]:
     n = len(chunk_rows)
     frame = spark.range(0, n, 1, n).mapInArrow(task_function(rules, chunk_rows), OUTCOME_DDL)
     return {r["chunk"]: r.asDict() for r in frame.collect()}
+
+
+def _parse(spark, chunk_rows: list[dict], rules, staged: dict, max_history, progress
+           ) -> tuple[dict[int, dict], dict[str, str]]:
+    """Run the parse tasks, then again those holding records older than the history bound allows.
+
+    Returns each chunk's outcome, and {path: problem} of the files left out whole because a chunk
+    of theirs could not be read as planned.
+    """
+    from traffic import batch_tasks as B
+
+    outcomes = {row["chunk"]: {"chunk": row["chunk"], "attempt": 0, "newest": None, "oldest": None,
+                               "problem": row["problem"]} for row in chunk_rows if row["problem"]}
+    runnable = [row for row in chunk_rows if not row["problem"]]
+    outcomes.update(_run_tasks(spark, runnable, rules) if runnable else {})
+    unread = _leave_out_unread(outcomes, chunk_rows, staged)
+    newest_us = max((o["newest"] for o in outcomes.values() if o["newest"] is not None), default=None)
+    newest = from_micros(newest_us) if newest_us is not None else None
+    floor = B.history_floor(newest, max_history)
+    redo = sorted(c for c, o in outcomes.items() if floor is not None and o["oldest"] is not None
+                  and o["oldest"] < micros(floor))
+    if redo:
+        progress(f"batch {rules.batch_id}: {len(redo)} parse task(s) hold records more than max_history before "
+                 f"the batch's newest ({newest.isoformat()}); judging them again")
+        for chunk in redo:
+            for name in ("packets", "late_packets"):
+                if staged[name] is not None:
+                    discard_staged(staged[name], B.file_part(chunk, 0))
+        outcomes.update(_run_tasks(spark, [chunk_rows[c] for c in redo], replace(rules, history_floor=floor,
+                                                                                 attempt=1)))
+        unread.update(_leave_out_unread(outcomes, chunk_rows, staged))
+    return outcomes, unread
+
+
+_UNREAD_STATUS = {"vanished": inbox_mod.VANISHED, "changed": inbox_mod.RETRY, "unreadable": inbox_mod.UNREADABLE}
+_RECORDED_AS_REJECT = (inbox_mod.CHANGED, inbox_mod.SKIPPED, inbox_mod.UNREADABLE, inbox_mod.VANISHED,
+                       inbox_mod.RETRY)
+
+
+def _leave_out_unread(outcomes: dict[int, dict], chunk_rows: list[dict], staged: dict) -> dict[str, str]:
+    """Leave out every file one of whose chunks could not be read as planned: all of it or none counts.
+
+    Returns {path: problem}; the file's other chunks lose their outcome and their staged files.
+    """
+    from traffic.batch_tasks import file_part
+
+    unread = {chunk_rows[c]["path"]: o["problem"] for c, o in outcomes.items() if o.get("problem")}
+    for chunk in [c for c in outcomes if chunk_rows[c]["path"] in unread]:
+        for handle in (staged["packets"], staged["late_packets"]):
+            if handle is not None:
+                discard_staged(handle, file_part(chunk, outcomes[chunk]["attempt"]))
+        del outcomes[chunk]
+    return unread
+
+
+def _unread_note(f: dict, problem: str) -> str:
+    """The reason recorded for a planned file that could not be read as planned."""
+    if problem.startswith("changed"):
+        return (f"file changed after its batch was planned (planned {f['size'] - f['start']} bytes, sha256 "
+                f"{f['sha256'][:12]}…): nothing of it was counted; the next batch reads it as it is then")
+    if problem.startswith("vanished"):
+        return "file vanished before its batch read it: nothing of it was counted"
+    return f"cannot be read ({problem.split(': ', 1)[-1]}): nothing of it was counted; it is read once it can be"
+
+
+_DONE = "tasks-done.json"
+
+
+def _keep_tasks_done(scratch: Path, outcomes: dict[int, dict], unread: dict[str, str], staged: dict) -> None:
+    """Record the finished tasks' outcome beside their parts, before the batch's first commit."""
+    doc = {"outcomes": list(outcomes.values()), "unread": unread,
+           "staged": {name: asdict(handle) if handle is not None else None for name, handle in staged.items()}}
+    tmp = scratch / (_DONE + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(scratch / _DONE)
+
+
+def _tasks_done(warehouse: Warehouse, batch_id: int) -> dict | None:
+    """The first run's task outcome of a batch that has committed something, or None (run the tasks)."""
+    from traffic.delta import Staged
+
+    scratch = warehouse.state_dir() / "scratch" / f"batch-{batch_id}"
+    try:
+        doc = json.loads((scratch / _DONE).read_text())
+    except (OSError, ValueError):
+        return None
+    return {"scratch": scratch, "outcomes": {o["chunk"]: o for o in doc["outcomes"]}, "unread": doc["unread"],
+            "staged": {name: Staged(**value) if value else None for name, value in doc["staged"].items()}}
 
 
 def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
@@ -240,55 +298,44 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     before = st.state_from_json(plan["state_before"])
     now = datetime.fromisoformat(plan["now"])
     files = plan["files"]
-    file_start = {f["path"]: f["start"] for f in files}
-    file_end = {f["path"]: f["size"] for f in files}
-    chunks = _chunks(plan, settings.split_bytes, settings.shuffle_partitions, task_slots(settings))
-    progress(f"batch {batch_id}: {len(chunks)} parse task(s) over "
+    chunk_rows = _chunks(plan, cutting(settings))
+    progress(f"batch {batch_id}: {len(chunk_rows)} parse task(s) over "
              f"{sum(1 for f in files if f['status'] in inbox_mod.TO_READ)} file(s)")
     time_range = tuple(datetime.fromisoformat(t) for t in plan["range"]) if plan.get("range") else None
     restate = plan.get("restate")
     range_keys = _hour_keys(*time_range) if restate else []
 
-    if not settings.local_networks and any(fmt == "capture" for _, _, _, fmt, _, _ in chunks):
+    if not settings.local_networks and any(row["format"] == "capture" for row in chunk_rows):
         progress("warning: local_networks is empty, so every captured packet is neither-local and rejected "
                  "(set TRAFFIC_LOCAL_NETWORKS, e.g. 10.0.0.0/8,2001:db8::/32)")
-    chunk_rows = [
-        {"chunk": i, "path": p, "source": s, "name": n, "format": fmt, "start": a, "end": b, "file_start": file_start[p],
-         "file_end": file_end[p]}
-        for i, (p, s, n, fmt, a, b) in enumerate(chunks)
-    ]
     raw = {name: warehouse.table(name) for name in ("packets", "late_packets", "rejects")}
-    # A table this batch already committed to (a resumed batch) gets no staged files at all.
-    staged = {name: None if (table.txn_version(APP) or -1) >= batch_id else table.staging()
-              for name, table in raw.items()}
-    scratch = warehouse.scratch(f"batch-{batch_id}")
-    # The future bound uses the machine clock recorded in the plan; the history bound uses the
-    # newest record of the batch that passed the future bound. A restatement replaces a frozen
-    # range from the archive: its records are the range's new truth, never late.
-    rules = B.Rules(batch_id=batch_id, watermark_before=None if restate else before.watermark,
-                    future_limit=now + settings.max_future_skew, history_floor=None, time_range=time_range,
-                    packets=staged["packets"], late_packets=staged["late_packets"], scratch=str(scratch),
-                    settings_doc={"local_networks": list(settings.local_networks),
-                                  "keep_transit": settings.keep_transit})
-    outcomes = _run_tasks(spark, chunk_rows, rules) if chunk_rows else {}
-    newest_us = max((o["newest"] for o in outcomes.values() if o["newest"] is not None), default=None)
-    newest = from_micros(newest_us) if newest_us is not None else None
-    floor = B.history_floor(newest, settings.max_history)
-    if floor is not None:
-        floor_us = micros(floor)
-        redo = sorted(c for c, o in outcomes.items() if o["oldest"] is not None and o["oldest"] < floor_us)
-        if redo:
-            progress(f"batch {batch_id}: {len(redo)} parse task(s) hold records more than max_history before "
-                     f"the batch's newest ({newest.isoformat()}); judging them again")
-            for chunk in redo:
-                for name in ("packets", "late_packets"):
-                    if staged[name] is not None:
-                        discard_staged(staged[name], B.file_part(chunk, 0))
-            outcomes.update(_run_tasks(spark, [chunk_rows[c] for c in redo],
-                                       replace(rules, history_floor=floor, attempt=1)))
+    committed = {name: (table.txn_version(APP) or -1) >= batch_id for name, table in raw.items()}
+    done = _tasks_done(warehouse, batch_id) if any(committed.values()) else None
+    if done is not None:
+        # Resumed after its first commit: the tasks' outcome, parts and staged files are the first
+        # run's, so the batch ends as planned whatever has happened to its files since.
+        scratch, outcomes, unread = done["scratch"], done["outcomes"], done["unread"]
+        staged = {name: None if committed[name] else done["staged"][name] for name in raw}
+    else:
+        # A table this batch already committed to (a journal from before outcomes were kept) gets no staged files.
+        staged = {name: None if committed[name] else table.staging() for name, table in raw.items()}
+        scratch = warehouse.scratch(f"batch-{batch_id}")
+        # The future bound uses the machine clock recorded in the plan; the history bound uses the
+        # newest record of the batch that passed the future bound. A restatement replaces a frozen
+        # range from the archive: its records are the range's new truth, never late.
+        rules = B.Rules(batch_id=batch_id, watermark_before=None if restate else before.watermark,
+                        future_limit=now + settings.max_future_skew, history_floor=None, time_range=time_range,
+                        packets=staged["packets"], late_packets=staged["late_packets"], scratch=str(scratch),
+                        settings_doc={"local_networks": list(settings.local_networks),
+                                      "keep_transit": settings.keep_transit})
+        outcomes, unread = _parse(spark, chunk_rows, rules, staged, settings.max_history, progress)
+        _keep_tasks_done(scratch, outcomes, unread, staged)
     attempts = {chunk: o["attempt"] for chunk, o in outcomes.items()}
-    changed = [f for f in files if f["status"] == inbox_mod.CHANGED]
+    files = [{**f, "status": _UNREAD_STATUS[unread[f["path"]].split(":")[0]], "note": _unread_note(f, unread[f["path"]])}
+             if f["status"] in inbox_mod.TO_READ and f["path"] in unread else f for f in files]
+    changed = [f for f in files if f["status"] in _RECORDED_AS_REJECT]
     # A file that changed under its name is one reject: its old rows are counted, its new ones cannot be.
+    # So is every inbox entry not read (not a regular file, unreadable, vanished, changed while read): by name only.
     changed_rejects = pa.table({
         "source": [f["source"] for f in changed], "input_file": [f["name"] for f in changed],
         "record": [f"file {f['name']}" for f in changed], "reason": [f["note"] for f in changed],

@@ -82,5 +82,4 @@ def inbox_has_new_files(settings: Settings) -> bool:
     found = inbox_mod.scan(settings.inbox, settings.min_file_age.total_seconds())
     if warehouse is None:
         return bool(found)
-    handled = {(k["source"], k["name"], k["size"], k.get("mtime_ns")) for k in st.known_files(warehouse)}
-    return any((f.source, f.name, f.size, f.mtime_ns) not in handled for f in found)
+    return bool(inbox_mod.unhandled(found, st.known_files(warehouse)))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import ipaddress
 import json
 from datetime import datetime, timezone
 
@@ -19,7 +18,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from traffic.records import MAX_BYTES_V4, MAX_BYTES_V6, PARSED_SCHEMA, clip_record
+from traffic.records import (
+    CANONICAL_IPV4_REGEX,
+    DIRECTIONS,
+    MAX_BYTES_V4,
+    MAX_BYTES_V6,
+    MAX_QUOTED_CHARS,
+    MAX_RECORD_CHARS,
+    MAX_SOURCE_CHARS,
+    CONTROL_CHARS_REGEX,
+    PARSED_SCHEMA,
+    canonical_ip,
+    clip_record,
+    clip_value,
+)
 
 ROUTER_FEED = "router-feed"
 CSV_HEADER = "csv"
@@ -29,9 +41,12 @@ CAPTURE = "capture"
 PACKET_FIELDS = ("ts", "local_ip", "remote_ip", "local_port", "remote_port", "protocol", "bytes", "direction")
 _ROUTER_COLUMNS = ["op_new", "opcode", "ts", "local_ip", "remote_ip", "local_port", "remote_port", "bytes"]
 _DIGITS = r"^[0-9]{1,19}$"
-_CANONICAL_V4 = r"^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$"
 _MAX_TS_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
-_DIRECTIONS = ["in", "out", "internal", "transit"]
+_BOM = b"\xef\xbb\xbf"
+#: A text line longer than this is rejected whole (a packet record needs a few hundred bytes).
+MAX_LINE_BYTES = 64 * 1024
+#: A text record may name only a stored direction (or none: unknown); ``transit`` is no longer one.
+_DIRECTIONS = pa.array(DIRECTIONS, pa.string())
 
 
 def detect_format(name: str, head: bytes) -> str:
@@ -43,7 +58,7 @@ def detect_format(name: str, head: bytes) -> str:
         return CAPTURE
     if lower.endswith((".jsonl", ".ndjson", ".json")):
         return JSON_LINES
-    stripped = head.lstrip()
+    stripped = head.removeprefix(_BOM).lstrip()
     if stripped.startswith(b"{"):
         return JSON_LINES
     # A header is recognised by naming the `ts` column; anything else is the router-feed dialect,
@@ -71,6 +86,7 @@ def parse_bytes(data: bytes, fmt: str, *, source: str, input_file: str, settings
             keep_transit=bool(settings and settings.keep_transit),
             own=own,
         )
+    data = data.removeprefix(_BOM)  # a byte-order mark at the start of a file is no part of a record
     good, bad = _split_utf8(data)
     rejects = _rejects(bad, "not UTF-8 text", source, input_file)
     if fmt == ROUTER_FEED:
@@ -105,6 +121,26 @@ def _is_utf8(data: bytes) -> bool:
     except pa.ArrowInvalid:
         return False
     return True
+
+
+def unreadable_chunk(row: dict, error: BaseException) -> pa.Table:
+    """One reject standing for a whole chunk a reader failed on (the last line of defence: none is known)."""
+    what = f"{row['name']} bytes {row['start']}-{row['end']}"
+    reason = (f"could not be read as {row['format']} ({type(error).__name__}: {clip_value(str(error))}); "
+              "nothing of these bytes was counted")
+    return _rejects([what], reason, row["source"], row["name"])
+
+
+def _long_lines(lines: list[bytes]) -> tuple[list[bytes], list[str], list[str]]:
+    """Lines short enough to be records, then the others as rejects (an excerpt, and why)."""
+    keep, rejected, reasons = [], [], []
+    for line in lines:
+        if len(line) <= MAX_LINE_BYTES:
+            keep.append(line)
+            continue
+        rejected.append(line[:MAX_RECORD_CHARS].decode("utf-8", "replace"))
+        reasons.append(f"line of {len(line):,} bytes is longer than a record may be ({MAX_LINE_BYTES:,})")
+    return keep, rejected, reasons
 
 
 def _rejects(records: list[str], reason: str | list[str], source: str, input_file: str) -> pa.Table:
@@ -145,17 +181,15 @@ def parse_router_feed(data: bytes, *, source: str, input_file: str) -> pa.Table:
 
     if not data or data.isspace():  # (not ``strip()``: that copies a 64 MiB chunk to find out)
         return PARSED_SCHEMA.empty_table()
-    table = pacsv.read_csv(
-        io.BytesIO(data),
-        read_options=pacsv.ReadOptions(column_names=_ROUTER_COLUMNS, block_size=16 << 20),
-        parse_options=pacsv.ParseOptions(quote_char=False, invalid_row_handler=keep_odd),
-        convert_options=pacsv.ConvertOptions(
-            column_types={c: pa.string() for c in _ROUTER_COLUMNS},
-            strings_can_be_null=False,
-            quoted_strings_can_be_null=False,
-        ),
-    )
-    table = table.combine_chunks()
+    long_lines = PARSED_SCHEMA.empty_table()
+    try:
+        table = _read_router_csv(data, keep_odd)
+    except pa.ArrowInvalid:
+        # A line longer than Arrow's block (the rare slow path): such lines are rejected, the rest read.
+        odd.clear()
+        keep, rejected, reasons = _long_lines(data.split(b"\n"))
+        long_lines = _rejects(rejected, reasons, source, input_file)
+        table = _read_router_csv(b"\n".join(keep), keep_odd)
 
     def raw(rows: pa.Array) -> pa.Array:  # the record text, rebuilt only for the rows that are rejected
         return pc.binary_join_element_wise(*[pc.take(table.column(c), rows) for c in _ROUTER_COLUMNS], ",")
@@ -174,7 +208,24 @@ def parse_router_feed(data: bytes, *, source: str, input_file: str) -> pa.Table:
     packets = judge(fields, raw, source=source, input_file=input_file, prior_reason=opcode_reason,
                     require_ports=True, blank_is_tick=False)
     extra = _router_odd_rows(odd, source=source, input_file=input_file)
-    return pa.concat_tables([packets, extra]) if extra.num_rows else packets
+    return pa.concat_tables([packets, extra, long_lines]) if extra.num_rows or long_lines.num_rows else packets
+
+
+def _read_router_csv(data: bytes, keep_odd) -> pa.Table:
+    """The router-feed lines as eight string columns (rows with another field count go to ``keep_odd``)."""
+    if not data or data.isspace():
+        return pa.table({c: pa.array([], pa.string()) for c in _ROUTER_COLUMNS})
+    table = pacsv.read_csv(
+        io.BytesIO(data),
+        read_options=pacsv.ReadOptions(column_names=_ROUTER_COLUMNS, block_size=16 << 20),
+        parse_options=pacsv.ParseOptions(quote_char=False, invalid_row_handler=keep_odd),
+        convert_options=pacsv.ConvertOptions(
+            column_types={c: pa.string() for c in _ROUTER_COLUMNS},
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        ),
+    )
+    return table.combine_chunks()
 
 
 def _router_odd_rows(lines: list[str], *, source: str, input_file: str) -> pa.Table:
@@ -189,7 +240,8 @@ def _router_odd_rows(lines: list[str], *, source: str, input_file: str) -> pa.Ta
             tick_raw.append(line)
         elif len(parts) >= 2 and (parts[0] != "new" or parts[1] != "OP_INSERT"):
             rejects.append(line)
-            reasons.append(f"unknown operation '{parts[0]},{parts[1]}' (only new,OP_INSERT is accepted)")
+            reasons.append(f"unknown operation '{clip_value(parts[0] + ',' + parts[1])}' "
+                           "(only new,OP_INSERT is accepted)")
         else:
             rejects.append(line)
             reasons.append(f"expected 8 fields (or 3 for a clock tick), found {len(parts)}")
@@ -207,30 +259,61 @@ def _router_odd_rows(lines: list[str], *, source: str, input_file: str) -> pa.Ta
 
 
 def parse_csv_header(data: bytes, *, source: str, input_file: str) -> pa.Table:
-    """CSV with a header row naming ``packets`` columns (``ts`` required)."""
-    text = data.decode("utf-8")
-    reader = csv.reader(io.StringIO(text))
-    try:
-        header = [h.strip() for h in next(reader)]
-    except StopIteration:
+    """CSV with a header row naming ``packets`` columns (``ts`` required).
+
+    Each line is one record: a quote never continues a field onto the next line (no packets
+    column holds a line break), so a stray quote costs its own line, never the lines after it.
+    """
+    lines = data.decode("utf-8").split("\n")
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None:
         return PARSED_SCHEMA.empty_table()
-    if "ts" not in header:
-        return _rejects([clip_record(text.split("\n", 1)[0])],
-                        "CSV header has no 'ts' column (expected packets column names)", source, input_file)
+    header_line = lines[first].removeprefix("\ufeff")
+    header, problem = _csv_fields(header_line)
+    header = [h.strip() for h in header or []]
+    if problem is None and "ts" not in header:
+        problem = "CSV header has no 'ts' column (expected packets column names)"
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if problem is None and twice:
+        problem = f"CSV header names column {clip_value(twice[0])!r} more than once"
+    if problem is not None:
+        body = [line for line in lines[first + 1:] if line.strip()]
+        return _rejects([clip_record(header_line)] + body, [f"{problem}: the file's header is unusable"] +
+                        [f"not read: the file's header is unusable ({problem})"] * len(body), source, input_file)
     columns: dict[str, list[str]] = {name: [] for name in header}
     raw, bad, bad_reasons = [], [], []
-    for row in reader:
-        if not row or (len(row) == 1 and not row[0].strip()):
+    for line in lines[first + 1:]:
+        if not line.strip():
             continue
-        line = ",".join(row)
+        if len(line) > MAX_LINE_BYTES:
+            bad.append(line[:MAX_RECORD_CHARS])
+            bad_reasons.append(f"line of {len(line.encode()):,} bytes is longer than a record may be "
+                               f"({MAX_LINE_BYTES:,})")
+            continue
+        row, problem = _csv_fields(line)
+        if problem is not None:
+            bad.append(line)
+            bad_reasons.append(problem)
+            continue
         if len(row) != len(header):
             bad.append(line)
             bad_reasons.append(f"expected {len(header)} fields as in the header, found {len(row)}")
             continue
         for name, value in zip(header, row):
             columns[name].append(value.strip())
-        raw.append(line)
+        raw.append(line.rstrip("\r"))
     return _judge_named(columns, raw, bad, bad_reasons, source=source, input_file=input_file)
+
+
+def _csv_fields(line: str) -> tuple[list[str] | None, str | None]:
+    """The fields of one CSV line, or why it is not valid CSV (an unclosed quote, text after a quote)."""
+    line = line.rstrip("\r")
+    if '"' not in line:
+        return line.split(","), None
+    try:
+        return next(csv.reader([line], strict=True)), None
+    except (csv.Error, StopIteration) as error:
+        return None, f"not valid CSV ({clip_value(str(error))})"
 
 
 def parse_json_lines(data: bytes, *, source: str, input_file: str) -> pa.Table:
@@ -239,14 +322,23 @@ def parse_json_lines(data: bytes, *, source: str, input_file: str) -> pa.Table:
     columns: dict[str, list[str]] = {name: [] for name in names}
     raw, bad, bad_reasons = [], [], []
     for line in data.decode("utf-8").split("\n"):
-        line = line.strip()
+        line = line.strip().removeprefix("\ufeff")
         if not line:
+            continue
+        if len(line) > MAX_LINE_BYTES:
+            bad.append(line[:MAX_RECORD_CHARS])
+            bad_reasons.append(f"line of {len(line.encode()):,} bytes is longer than a record may be "
+                               f"({MAX_LINE_BYTES:,})")
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as error:
             bad.append(line)
-            bad_reasons.append(f"not valid JSON ({error.msg} at column {error.colno})")
+            bad_reasons.append(f"not valid JSON ({clip_value(error.msg)} at column {error.colno})")
+            continue
+        except RecursionError:
+            bad.append(line)
+            bad_reasons.append("not valid JSON here (nested too deeply)")
             continue
         if not isinstance(obj, dict):
             bad.append(line)
@@ -322,8 +414,8 @@ def judge(fields: dict[str, pa.Array], raw, *, source: str, input_file: str,
     ts_num = _to_int(col["ts"], ts_ok)
     ts_ok = pc.and_kleene(ts_ok, pc.less_equal(ts_num, _MAX_TS_US))
 
-    local, local_ok, local_v6 = canonical_ips(col["local_ip"])
-    remote, remote_ok, remote_v6 = canonical_ips(col["remote_ip"])
+    local, local_ok, local_v6, local_why = canonical_ips(col["local_ip"])
+    remote, remote_ok, remote_v6, remote_why = canonical_ips(col["remote_ip"])
     v6 = pc.fill_null(local_v6, False)
     ports = {}
     port_ok = {}
@@ -346,16 +438,26 @@ def judge(fields: dict[str, pa.Array], raw, *, source: str, input_file: str,
     if pc.any(negative).as_py():
         negative = pc.and_kleene(negative, pc.ascii_is_decimal(pc.utf8_slice_codeunits(col["bytes"], 1)))
     direction = col["direction"]
-    dir_ok = pc.or_kleene(blank["direction"], pc.is_in(direction, pa.array(_DIRECTIONS)))
+    dir_ok = pc.or_kleene(blank["direction"], pc.is_in(direction, _DIRECTIONS))
 
     def quoted(before: str, name: str, after: str):
-        return lambda pick: pc.binary_join_element_wise(before, pick(col[name]), after, "")
+        return lambda pick: pc.binary_join_element_wise(before, shown(pick(col[name])), after, "")
+
+    # A record's own source (JSON/CSV ``source``) must be a usable name; ticks carry one too.
+    source_ok = pa.repeat(pa.scalar(True), n)
+    if record_source is not None:
+        named = pc.fill_null(record_source, "")
+        source_ok = pc.invert(pc.or_kleene(pc.greater(pc.utf8_length(named), MAX_SOURCE_CHARS),
+                                           pc.match_substring_regex(named, CONTROL_CHARS_REGEX)))
 
     # (passes?, reason where it does not) in order; a reason is built only for the rows that fail.
     checks = [
         (ts_ok, quoted("time '", "ts", "' is not microseconds since 1970 (or ISO-8601)")),
-        (local_ok, quoted("local_ip '", "local_ip", "' is not an IPv4 or IPv6 address")),
-        (remote_ok, quoted("remote_ip '", "remote_ip", "' is not an IPv4 or IPv6 address")),
+        (source_ok, lambda pick: f"source name is longer than {MAX_SOURCE_CHARS} characters or has control characters"),
+        (local_ok, lambda pick: pc.binary_join_element_wise(
+            "local_ip '", shown(pick(col["local_ip"])), "' ", pick(local_why), "")),
+        (remote_ok, lambda pick: pc.binary_join_element_wise(
+            "remote_ip '", shown(pick(col["remote_ip"])), "' ", pick(remote_why), "")),
         (pc.equal(local_v6, remote_v6), lambda pick: "local_ip and remote_ip are of different families (IPv4 and IPv6)"),
         (port_ok["local_port"], quoted("local_port '", "local_port", "' is not a port 0-65535")),
         (port_ok["remote_port"], quoted("remote_port '", "remote_port", "' is not a port 0-65535")),
@@ -365,9 +467,9 @@ def judge(fields: dict[str, pa.Array], raw, *, source: str, input_file: str,
         (size_in_range, lambda pick: pc.binary_join_element_wise(
             "byte count ", pick(col["bytes"]), pc.if_else(pick(v6), " is more than an IPv6 packet can carry (4294967335)",
                                                           " is more than an IPv4 packet can carry (65535)"), "")),
-        (dir_ok, quoted("direction '", "direction", "' is not in/out/internal/transit")),
+        (dir_ok, quoted("direction '", "direction", f"' is not {'/'.join(DIRECTIONS)} (or empty: unknown)")),
     ]
-    # Ticks only need a good time; packets need everything.
+    # Ticks only need a good time and source; packets need everything.
     reason = _first_reason(checks, is_tick, n, prior_reason)
     rejected = _flat(pc.is_valid(reason))
     any_rejected = pc.any(rejected).as_py()
@@ -404,15 +506,19 @@ def judge(fields: dict[str, pa.Array], raw, *, source: str, input_file: str,
     return _conform(table)
 
 
+#: How many of ``judge``'s checks, from the first, a tick must pass (its time and its source).
+_TICK_CHECKS = 2
+
+
 def _first_reason(checks, is_tick, n, prior_reason=None) -> pa.Array:
-    """The reason of the first failing check (in order), null when all pass; ticks need only the time.
+    """The reason of the first failing check (in order), null when all pass; ticks need only the first two.
 
     Reasons are built only for the failing rows (taken out, judged, put back in place).
     """
     passes = []
     for index, (ok, _) in enumerate(checks):
         ok = pc.fill_null(ok, False)
-        if index > 0:
+        if index >= _TICK_CHECKS:
             ok = pc.or_kleene(ok, is_tick)
         passes.append(ok)
     failing = pc.invert(_all(passes))
@@ -436,6 +542,15 @@ def _first_reason(checks, is_tick, n, prior_reason=None) -> pa.Array:
     if prior_reason is not None:
         reason = pc.coalesce(pick(prior_reason), reason)
     return pc.replace_with_mask(pa.nulls(n, pa.string()), failing, _flat(reason))
+
+
+def shown(values: pa.Array) -> pa.Array:
+    """Values as a reason quotes them: at most ``MAX_QUOTED_CHARS`` characters each."""
+    long = pc.greater(pc.utf8_length(values), MAX_QUOTED_CHARS)
+    if not pc.any(long).as_py():
+        return values
+    return pc.if_else(long, pc.binary_join_element_wise(
+        pc.utf8_slice_codeunits(values, 0, MAX_QUOTED_CHARS - 1), "…", ""), values)
 
 
 def _flat(array):
@@ -463,30 +578,36 @@ def _to_int(text: pa.Array, ok: pa.Array) -> pa.Array:
     return pc.cast(safe, pa.int64())
 
 
-def canonical_ips(text: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """(canonical text, valid?, is IPv6?) — canonical IPv4 passes through; others go via ``ipaddress`` once each."""
-    # The regex runs once per distinct address (a feed has thousands, not millions).
+def canonical_ips(text: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
+    """(stored text, valid?, is IPv6?, why not) per address, by ``records.canonical_ip``.
+
+    Canonical dotted quads pass through; every other distinct text goes through the rule once (a
+    feed has thousands of distinct addresses, not millions): zone ids are refused and IPv4-mapped
+    IPv6 becomes IPv4, so a row's family, byte bound and account are those of the address it stores.
+    """
+    n = len(text)
+    # The regex runs once per distinct address.
     encoded = pc.dictionary_encode(text)
-    fast = pc.fill_null(pc.take(pc.match_substring_regex(encoded.dictionary, _CANONICAL_V4), encoded.indices), False)
+    fast = pc.fill_null(pc.take(pc.match_substring_regex(encoded.dictionary, CANONICAL_IPV4_REGEX),
+                                encoded.indices), False)
     if pc.all(fast).as_py():
-        n = len(text)
-        return text, pa.repeat(pa.scalar(True), n), pa.repeat(pa.scalar(False), n)
+        return text, pa.repeat(pa.scalar(True), n), pa.repeat(pa.scalar(False), n), pa.nulls(n, pa.string())
     slow_values = pc.unique(pc.filter(text, pc.invert(fast))).to_pylist()
-    canon, valid, v6 = [], [], []
+    canon, v6, why = [], [], []
     for value in slow_values:
         try:
-            address = ipaddress.ip_address(value)
-        except ValueError:
+            stored = canonical_ip(value)
+        except ValueError as error:
             canon.append(None)
-            valid.append(False)
             v6.append(None)
+            why.append(str(error))
             continue
-        canon.append(str(address))
-        valid.append(True)
-        v6.append(address.version == 6)
+        canon.append(stored)
+        v6.append(":" in stored)
+        why.append(None)
     lookup = pa.array(slow_values, pa.string())
     index = pc.index_in(text, value_set=lookup)
     canonical = pc.if_else(fast, text, pc.take(pa.array(canon, pa.string()), index))
-    is_valid = pc.if_else(fast, True, pc.take(pa.array(valid, pa.bool_()), index))
     is_v6 = pc.if_else(fast, False, pc.take(pa.array(v6, pa.bool_()), index))
-    return canonical, pc.fill_null(is_valid, False), is_v6
+    reason = pc.if_else(fast, pa.scalar(None, pa.string()), pc.take(pa.array(why, pa.string()), index))
+    return canonical, pc.is_valid(canonical), is_v6, reason

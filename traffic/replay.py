@@ -15,7 +15,7 @@ restatement, which replaces the range by design.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -25,7 +25,7 @@ from traffic import jvm
 from traffic import state as st
 from traffic.clock import DAY, HOUR, hour_floor, month_start, next_month
 from traffic.delta import Warehouse, cluster_key
-from traffic.ingest import BatchResult, announce_work, complete, finish_pending
+from traffic.ingest import BatchResult, announce_work, complete, cutting, finish_pending
 from traffic.settings import Settings, SettingsError
 
 UTC = timezone.utc
@@ -62,17 +62,26 @@ def plan_replay(settings: Settings, warehouse: Warehouse, input_dir: Path, start
             replayed.setdefault((k["source"], k["sha256"]), []).append(
                 (st._utc(k["range_from"]), st._utc(k["range_to"])))
     files = []
+    how = replace(cutting(settings), partial_line_grace=0)  # an archive is complete: its last line counts as it is
     for f in found:
-        digest = inbox_mod.sha256_of(f.path)
         file_source = source or f.source
-        key = (file_source, digest)
+        if f.status == inbox_mod.SKIPPED:  # never opened: recorded by name (the inbox's rule)
+            files.append({**asdict(f), "source": file_source})
+            continue
+        try:
+            f, _ = inbox_mod.survey(replace(f, source=file_source), how)
+        except OSError as error:
+            files.append({**asdict(f), "source": file_source, "status": inbox_mod.UNREADABLE,
+                          "note": f"cannot be read ({inbox_mod.why(error)}): nothing of it was counted"})
+            continue
+        key = (file_source, f.sha256)
         overlap = any(a < end and start < b for a, b in replayed.get(key, []))
         if restate is None and (key in whole or overlap):
             status, note = inbox_mod.DUPLICATE, "already counted (from the inbox or an overlapping replay)"
         else:
             status, note = inbox_mod.REPLAYED, ""
-        files.append({**asdict(f), "source": file_source, "sha256": digest, "status": status, "note": note})
-    if all(f["status"] == inbox_mod.DUPLICATE for f in files):
+        files.append({**asdict(f), "status": status, "note": note})
+    if all(f["status"] not in inbox_mod.TO_READ for f in files):
         return None
     return {
         "batch_id": st.last_batch_id(warehouse) + 1,

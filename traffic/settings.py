@@ -77,6 +77,16 @@ def _parse_networks(name: str, value: Any) -> tuple[str, ...]:
     return tuple(networks)
 
 
+def _parse_folders(name: str, value: Any) -> tuple[Path, ...]:
+    """Absolute folders, from a TOML list or a comma-separated text."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    folders = tuple(Path(str(item).strip()).expanduser() for item in items if str(item).strip())
+    relative = [str(folder) for folder in folders if not folder.is_absolute()]
+    if relative:
+        raise SettingsError(f"{name}: {', '.join(relative)} is not an absolute folder")
+    return tuple(folder.absolute() for folder in folders)
+
+
 def _parse_now(name: str, value: Any) -> datetime | None:
     if value in (None, ""):
         return None
@@ -93,6 +103,7 @@ class Settings:
 
     warehouse: Path = Path("./warehouse")
     inbox: Path = Path("./inbox")
+    replay_roots: tuple[Path, ...] = ()  # empty: the inbox and ``archive`` beside it (``replay_folders``)
     keep_hours: int = 24
     allowed_lateness: timedelta = timedelta(0)
     source_timeout: timedelta = timedelta(hours=1)
@@ -107,6 +118,7 @@ class Settings:
     hourly_retention: timedelta | None = None
     daily_retention: timedelta | None = None
     min_file_age: timedelta = timedelta(0)
+    partial_line_grace: timedelta = timedelta(minutes=5)
     lock_timeout: timedelta = timedelta(minutes=10)
     engine: str = "auto"
     spark_master: str = "auto"
@@ -130,6 +142,11 @@ class Settings:
         """The processing machine's clock (only the sanity bound uses it); fixed when ``now`` is set."""
         return self.now or datetime.now(timezone.utc)
 
+    def replay_folders(self) -> tuple[Path, ...]:
+        """Folders the replay form of the ``traffic_replay`` DAG may read from (``replay_roots``); by
+        default the inbox and the ``archive`` folder next to it (``/data/inbox`` → ``/data/archive``)."""
+        return self.replay_roots or (self.inbox, self.inbox.parent / "archive")
+
     def replace(self, **changes: Any) -> "Settings":
         """A copy with some values changed (validated like any other source)."""
         return build_settings(dataclasses.asdict(self) | changes)
@@ -138,6 +155,7 @@ class Settings:
 _PARSERS = {
     "warehouse": lambda n, v: Path(v).expanduser().absolute(),
     "inbox": lambda n, v: Path(v).expanduser().absolute(),
+    "replay_roots": lambda n, v: _parse_folders(n, v),
     "keep_hours": lambda n, v: _parse_int(n, v),
     "allowed_lateness": parse_duration,
     "source_timeout": parse_duration,
@@ -152,6 +170,7 @@ _PARSERS = {
     "hourly_retention": lambda n, v: None if v in (None, "", "keep") else parse_duration(n, v),
     "daily_retention": lambda n, v: None if v in (None, "", "keep") else parse_duration(n, v),
     "min_file_age": parse_duration,
+    "partial_line_grace": parse_duration,
     "lock_timeout": parse_duration,
     "engine": lambda n, v: _choice(n, v, ("auto", "rs", "spark")),
     "spark_master": lambda n, v: str(v),

@@ -141,3 +141,100 @@ def test_captures_random_bytes_and_truncations(garbage, cut):
     rows = parse_capture(truncated, source="s", input_file="f", local_networks=["10.0.0.0/8"]).to_pylist()
     assert sum(1 for r in rows if r["kind"] == "packet") == whole_frames
     assert len(rows) == whole_frames + (1 if len(truncated) > 24 + whole_frames * record or len(truncated) < 24 else 0)
+
+
+# -- hostile inboxes (issue 20): poison content, hostile names, special files ---------------------
+
+quote_field = st.one_of(field, st.sampled_from(['"', '""', '"a', 'a"', '"1,2"', "\ufeff", "\r"]))
+
+
+@FUZZ
+@given(st.lists(st.lists(quote_field, min_size=0, max_size=5), max_size=15), st.booleans())
+def test_csv_with_header_conserves_every_line(records, bom):
+    """Stray quotes and byte-order marks: every non-empty line is exactly one row (packet, tick or reject)."""
+    lines = [",".join(r).replace("\n", " ").replace("\x00", "") for r in records]
+    good = "1793527200000000,10.0.0.1,192.0.2.1,64"
+    body = [*lines, good]
+    text = ("\ufeff" if bom else "") + "ts,local_ip,remote_ip,bytes\n" + "\n".join(body) + "\n"
+    rows = _check(parse_bytes(text.encode("utf-8", "surrogatepass"), CSV_HEADER, source="s", input_file="f"),
+                  len([line for line in body if line.strip()]))
+    assert any(r["kind"] == "packet" and r["bytes"] == 64 for r in rows)
+
+
+@FUZZ
+@given(st.lists(st.one_of(st.integers(1, 3000).map(lambda d: "[" * d), st.integers(1, 3000).map(
+    lambda d: '{"a":' * d), st.just("\ufeff{}"), st.text(max_size=20)), max_size=8))
+def test_json_lines_nested_or_marked_conserve_every_line(lines):
+    lines = [line.replace("\n", " ").replace("\r", " ") for line in lines]
+    good = json.dumps({"ts": 1793527200000000, "local_ip": "10.0.0.1", "remote_ip": "192.0.2.1", "bytes": 64})
+    body = [*lines, "\ufeff" + good]
+    rows = _check(parse_bytes("\n".join(body).encode("utf-8", "surrogatepass"), JSON_LINES, source="s",
+                              input_file="f"), len([line for line in body if line.strip().strip("\ufeff")]))
+    assert any(r["kind"] == "packet" and r["bytes"] == 64 for r in rows)
+
+
+@FUZZ
+@given(st.integers(0, 3), st.integers(1, 200_000))
+def test_router_feed_overlong_lines_cost_only_themselves(position, length):
+    lines = [GOOD] * 3
+    lines.insert(position, "new,OP_INSERT," + "9" * length)
+    rows = _check(parse_bytes("\n".join(lines).encode(), ROUTER_FEED, source="s", input_file="f"), 4)
+    assert sum(r["kind"] == "packet" for r in rows) == 3
+    assert all(len(r["reason"]) <= 512 for r in rows if r["kind"] == "reject")
+
+
+name_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="/\x00"), min_size=1,
+                    max_size=40).filter(lambda n: n not in (".", ".."))
+entry_kind = st.sampled_from(["file", "same", "fifo", "link-in", "link-out", "dangling", "dir-link"])
+
+
+@FUZZ
+@given(st.lists(st.tuples(name_text, name_text, entry_kind), max_size=10))
+def test_inbox_plans_every_regular_file_once_and_never_opens_anything_else(tmp_path_factory, entries):
+    """Hostile names and special entries: each regular file inside the inbox is planned once (counted or a
+    recorded duplicate); everything else is skipped with a note, by name, without being opened."""
+    import os
+
+    from traffic.inbox import ACCOUNTED, DUPLICATE, SKIPPED, Cutting, plan_files, scan
+    from traffic.records import source_problem
+
+    root = tmp_path_factory.mktemp("hostile")
+    inbox, outside = root / "inbox", root / "outside.csv"
+    inbox.mkdir()
+    outside.write_text(GOOD + "\n")
+    regular, other = set(), set()
+    for index, (folder, name, kind) in enumerate(entries):
+        if folder.startswith((".", "_")) or name.startswith((".", "_")) or \
+                name.lower().endswith((".tmp", ".part", ".partial", ".crdownload")):
+            continue
+        try:
+            (inbox / folder).mkdir(exist_ok=True)
+        except OSError:  # a name this filesystem refuses
+            continue
+        if not (inbox / folder).is_dir() or (inbox / folder).is_symlink():
+            continue
+        path = inbox / folder / f"{name}-{index}"
+        relative = f"{folder}/{name}-{index}"
+        if kind in ("file", "same"):
+            path.write_text(GOOD + f",{index}\n" if kind == "file" else GOOD + "\n")
+            (other if source_problem(folder) else regular).add(relative)
+        elif kind == "fifo":
+            os.mkfifo(path)
+            other.add(relative)
+        elif kind == "link-in":
+            target = inbox / folder / f"target-{index}"
+            target.write_text(GOOD + "\n")
+            path.symlink_to(target)
+            (other if source_problem(folder) else regular).update({relative, f"{folder}/target-{index}"})
+        elif kind == "dir-link":
+            path.symlink_to(root, target_is_directory=True)
+            other.add(relative)
+        else:
+            path.symlink_to(outside if kind == "link-out" else root / "missing")
+            other.add(relative)
+    planned = plan_files(scan(inbox), [], Cutting())
+    by_name = {f.name: f for f in planned}
+    assert len(by_name) == len(planned)  # each entry once
+    assert {n for n, f in by_name.items() if f.status in (ACCOUNTED, DUPLICATE)} == regular
+    assert {n for n, f in by_name.items() if f.status == SKIPPED} == other
+    assert all(f.note for f in planned if f.status == SKIPPED)

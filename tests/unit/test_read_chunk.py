@@ -1,28 +1,35 @@
-"""Chunks of a text file: every line in exactly one chunk, starting at the first byte still to count."""
+"""Pieces of a file: every line in exactly one piece, starting at the first byte still to count."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traffic.ingest import read_chunk
+from traffic.inbox import Cutting, InboxFile, read_piece, survey
 
 
 @settings(max_examples=200, deadline=None)
 @given(lines=st.lists(st.text(alphabet="abc,0123", min_size=0, max_size=12), min_size=1, max_size=30),
-       split=st.integers(1, 40), counted=st.integers(0, 30))
-def test_chunks_cover_each_line_exactly_once(tmp_path_factory, lines, split, counted):
+       split=st.integers(1, 40), counted=st.integers(0, 30), tail=st.text(alphabet="abc,0123", max_size=5))
+def test_pieces_cover_each_line_exactly_once(tmp_path_factory, lines, split, counted, tail):
     path = tmp_path_factory.mktemp("chunks") / "f.csv"
     data = "".join(line + "\n" for line in lines).encode()
-    path.write_bytes(data)
+    path.write_bytes(data + tail.encode())  # an unterminated last line waits (the file is fresh)
     # Start where an earlier batch stopped: always at a line boundary (the end of a counted prefix).
     start = len("".join(line + "\n" for line in lines[: min(counted, len(lines))]).encode())
-    pieces = []
-    offset = start
-    while offset < len(data):
-        pieces.append(read_chunk(str(path), offset, min(len(data), offset + split), start))
-        offset += split
+    f = InboxFile("r1/f.csv", str(path), "r1", len(data) + len(tail), 0, start=start)
+    import traffic.inbox as inbox
+
+    real = inbox.piece_bytes
+    inbox.piece_bytes = lambda size, split_bytes, parallelism: split  # pieces of `split` bytes before alignment
+    try:
+        surveyed, _ = survey(f, Cutting(partial_line_grace=3600))
+    finally:
+        inbox.piece_bytes = real
+    assert surveyed.size == len(data)
+    pieces = [read_piece(str(path), a, b, digest) for a, b, digest in surveyed.pieces]
     assert b"".join(pieces) == data[start:]
+    assert all(piece.endswith(b"\n") for piece in pieces if piece)
 
 
 MiB = 1024 * 1024
@@ -31,7 +38,7 @@ MiB = 1024 * 1024
 @settings(max_examples=300, deadline=None)
 @given(size=st.integers(0, 400 * MiB), split=st.integers(MiB, 128 * MiB), parallelism=st.integers(1, 8))
 def test_parse_tasks_are_equal_pieces_no_bigger_than_split_bytes(size, split, parallelism):
-    from traffic.ingest import MIN_SPLIT_BYTES, _piece_bytes
+    from traffic.inbox import MIN_SPLIT_BYTES, piece_bytes as _piece_bytes
 
     piece = _piece_bytes(size, split, parallelism)
     tasks = -(-size // piece) if size else 0
@@ -45,7 +52,7 @@ def test_parse_tasks_are_equal_pieces_no_bigger_than_split_bytes(size, split, pa
 
 
 def test_a_file_just_over_split_bytes_is_not_one_task_and_a_sliver():
-    from traffic.ingest import _piece_bytes
+    from traffic.inbox import piece_bytes as _piece_bytes
 
     size = 69 * 1000 * 1000  # the 1 M-packet bench feed against the 64 MiB default
     piece = _piece_bytes(size, 64 * MiB, 4)
@@ -57,25 +64,24 @@ def test_a_file_just_over_split_bytes_is_not_one_task_and_a_sliver():
 
 
 def test_a_capture_and_an_appended_capture_tail_are_split_into_one_range_per_core(tmp_path):
-    from traffic.ingest import MIN_SPLIT_BYTES, _chunks
+    from traffic.inbox import MIN_SPLIT_BYTES
 
     header = bytes.fromhex("d4c3b2a1") + bytes(20)
     files = {"big.pcap": header + bytes(3 * MIN_SPLIT_BYTES), "small.pcap": header + bytes(1000), "empty.pcap": b""}
-    plan = {"files": []}
+    ranges = {}
+    how = Cutting(split_bytes=64 * MiB, parallelism=3, slots=3)
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
-        plan["files"].append({"path": str(tmp_path / name), "source": "tap", "name": name, "status": "accounted",
-                              "start": 0, "size": len(data)})
-    plan["files"].append({**plan["files"][0], "name": "grown.pcap", "status": "appended", "start": 100})
-    ranges = {}
-    for _, _, name, fmt, start, end in _chunks(plan, 64 * MiB, 3):
-        assert fmt == "capture"
-        ranges.setdefault(name, []).append((start, end))
+        surveyed, _ = survey(InboxFile(name, str(tmp_path / name), "tap", len(data), 0), how)
+        assert surveyed.format == "capture"
+        ranges[name] = [(a, b) for a, b, _ in surveyed.pieces]
+    grown, _ = survey(InboxFile("grown.pcap", str(tmp_path / "big.pcap"), "tap", len(files["big.pcap"]), 0,
+                                start=100), how)
     size = len(files["big.pcap"])
     assert ranges["big.pcap"] == [(0, size // 3), (size // 3, 2 * size // 3), (2 * size // 3, size)]
     assert ranges["small.pcap"] == [(0, 1024)] and ranges["empty.pcap"] == [(0, 0)]
     tail = size - 100
-    assert ranges["grown.pcap"] == [(100 + tail * i // 3, 100 + tail * (i + 1) // 3) for i in range(3)]
+    assert [(a, b) for a, b, _ in grown.pieces] == [(100 + tail * i // 3, 100 + tail * (i + 1) // 3) for i in range(3)]
 
 
 def test_task_slots_follow_the_local_master_and_fall_back_to_shuffle_partitions():
