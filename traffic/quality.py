@@ -6,7 +6,8 @@ the period (``dq_status = failed``: not published, nothing rolled up over it, th
 — or a warning (published, flagged). ``meta.severity = "completeness"`` follows the
 ``completeness_action`` setting instead. A suite's ``meta.view`` adds derived columns (Spark SQL
 expressions) to the DataFrame it validates, so row rules such as "bytes_in + bytes_out ≤ bytes"
-stay plain column expectations.
+stay plain column expectations. A value written ``{"$records": NAME}`` is ``traffic.records.NAME``:
+the directions, address form and byte bounds the readers apply, defined once.
 
 One GX run per suite covers every period a step produces (all the hours a close freezes, all
 the days it rolls up). The first pass asks only pass/fail, which GX answers with one Spark
@@ -14,7 +15,8 @@ aggregation for all column checks; only if something failed does a second pass c
 failing rows, which name the periods that failed and the values they failed with. The ledger
 rows and reconciliation totals are built on the driver (one row per period) and validated with
 GX's pandas engine. Every (expectation, period) lands in ``dq_results``; every run is rendered to
-GX's Data Docs under ``<warehouse>/_reports/data_docs``.
+GX's Data Docs under ``<warehouse>/_reports/data_docs``; the values a failed run collected are
+stored (and so rendered) markup-free, since GX writes them into its pages as raw HTML.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
+from traffic import records
 from traffic.clock import month_start
 from traffic.delta import Warehouse, cluster_key
 
@@ -60,11 +63,50 @@ def reports_dir(warehouse: Warehouse) -> Path:
 
 @lru_cache(maxsize=None)
 def suite_document(name: str) -> dict:
-    """The JSON document of one suite."""
+    """The JSON document of one suite, its ``{"$records": NAME}`` values resolved."""
     path = SUITE_DIR / f"{name}.json"
     if not path.exists():
         raise KeyError(f"no expectation suite {name!r} in {SUITE_DIR}")
-    return json.loads(path.read_text())
+    return _resolve_records(json.loads(path.read_text()), name)
+
+
+def _resolve_records(value, suite: str):
+    """``{"$records": NAME}`` → ``traffic.records.NAME`` (a tuple as a list), anywhere in a suite document.
+
+    The suites check what the readers produce with the readers' own constants, so the two cannot drift.
+    """
+    if isinstance(value, dict):
+        if set(value) == {"$records"}:
+            try:
+                found = getattr(records, value["$records"])
+            except AttributeError:
+                raise KeyError(f"suite {suite!r} names {value['$records']!r}, which traffic.records does not "
+                               "define") from None
+            return list(found) if isinstance(found, tuple) else found
+        return {key: _resolve_records(item, suite) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_resolve_records(item, suite) for item in value]
+    return value
+
+
+#: Characters a browser reads as markup, the backslash that writes them, and control characters → ``\xNN``.
+_MARKUP = str.maketrans({c: f"\\x{ord(c):02x}" for c in [*"<>&\"'\\", *map(chr, range(32)), "\x7f"]})
+
+
+def markup_free(value):
+    """``value`` with every text in it (through dicts, lists and tuples) free of markup: ``<`` → ``\\x3c``.
+
+    Readable on any page however it is rendered (raw, or escaped again), and never markup.
+    """
+    if isinstance(value, str):
+        return value.translate(_MARKUP)
+    if isinstance(value, dict):
+        return {markup_free(key): markup_free(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [markup_free(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(markup_free(item) for item in value)
+    return value
 
 
 def period_label(grain: str, start: datetime) -> str:
@@ -239,6 +281,9 @@ class Validation:
     inputs: Iterable[dict] = ()
     outcomes: list[Outcome] = field(default_factory=list)
     identifiers: list[Any] = field(default_factory=list)
+    #: (identifier, result) of each run that failed: the values it collected are made markup-free
+    #: before Data Docs render it (``build_data_docs``).
+    failed_runs: list[tuple[Any, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
     def __post_init__(self):
@@ -289,9 +334,12 @@ class Validation:
                                                    "unexpected_index_column_names": index_columns,
                                                    "return_unexpected_index_query": False},
                                     run_id=run)
-        self.identifiers.append(self._identifier(suite, run, result))
+        identifier = self._identifier(suite, run, result)
+        self.identifiers.append(identifier)
         outcomes = self._outcomes(suite, table or meta["table"], meta, list(periods), result)
         self.outcomes += outcomes
+        if not result.success:
+            self.failed_runs.append((identifier, result))
         self.seconds += time.perf_counter() - clock
         return outcomes
 
@@ -332,9 +380,21 @@ class Validation:
         return outcomes
 
     # -- decisions ----------------------------------------------------------------------------
+    def _not_held(self, grain: str, start: datetime) -> list[Outcome]:
+        """The outcomes of one period that did not hold, in order (indexed once per batch of new outcomes:
+        a close of a year of hours asks for each of thousands of periods among hundreds of thousands)."""
+        index = self.__dict__.get("_index")
+        if index is None or index[0] != len(self.outcomes):
+            by_period: dict[tuple[str, datetime], list[Outcome]] = {}
+            for o in self.outcomes:
+                if not o.success:
+                    by_period.setdefault((o.grain, o.period_start), []).append(o)
+            index = self.__dict__["_index"] = (len(self.outcomes), by_period)
+        return index[1].get((grain, start), [])
+
     def status(self, grain: str, start: datetime) -> tuple[str, str | None]:
         """``passed``/``warning``/``failed`` and a note naming the checks that did not hold."""
-        mine = [o for o in self.outcomes if o.grain == grain and o.period_start == start and not o.success]
+        mine = self._not_held(grain, start)
         critical = [o for o in mine if o.critical]
         chosen = critical or mine
         if not chosen:
@@ -343,8 +403,7 @@ class Validation:
         return ("failed" if critical else "warning"), note[:1000]
 
     def failures(self, grain: str, start: datetime) -> list[Outcome]:
-        return [o for o in self.outcomes if o.grain == grain and o.period_start == start
-                and not o.success and o.critical]
+        return [o for o in self._not_held(grain, start) if o.critical]
 
     def message(self, grain: str, start: datetime) -> str:
         """What a person reads when the job fails: ``hour 2026-11-01T10:00Z: <check> failed: <value>``."""
@@ -366,14 +425,37 @@ class Validation:
         table.replace(pa.concat_tables([keep, fresh]), keys=keys, op="quality")
 
 
+def _store_markup_free(context, identifier, result) -> None:
+    """Store a failed run's result again with the values it collected made ``markup_free``.
+
+    GX 1.x escapes the parameters of its text templates but writes table cells (the unexpected
+    values and their counts) into Data Docs as raw HTML, so a record value such as
+    ``fe80::1%<svg onload=…>`` became live markup. Cleaning the result GX renders from, not the
+    rendered page, covers every place GX shows a value, whatever its template; ``dq_results``
+    keeps the real values (the outcomes are taken first), and our own pages escape them.
+    """
+    for item in result.results:
+        item.result = markup_free(item.result or {})
+        if item.exception_info:
+            item.exception_info = markup_free(item.exception_info)
+    context.validation_results_store.store_validation_results(
+        suite_validation_result=result, suite_validation_result_identifier=identifier,
+        expectation_suite_identifier=identifier.expectation_suite_identifier)
+
+
 def build_data_docs(warehouse: Warehouse, validations: Iterable[Validation]) -> None:
     """Render the runs' validation results (and their suites) into Data Docs; index of the latest runs."""
+    validations = list(validations)
     identifiers = [i for v in validations for i in v.identifiers]
     if not identifiers:
         return
     from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
 
     context = _context(reports_dir(warehouse))
+    # Before anything is rendered: should this raise, the close warns and no page is built.
+    for validation in validations:
+        while validation.failed_runs:  # once each: a second pass would escape the escapes
+            _store_markup_free(context, *validation.failed_runs.pop())
     suites = sorted({i.expectation_suite_identifier.name for i in identifiers})
     context.build_data_docs(resource_identifiers=identifiers + [ExpectationSuiteIdentifier(name=s) for s in suites])
     archive_results(reports_dir(warehouse))

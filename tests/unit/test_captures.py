@@ -361,6 +361,19 @@ def test_ipv4_total_length_zero_counts_the_wire_frame():
     assert parse(with_fcs) == expected
 
 
+def test_ipv4_wire_length_beyond_a_gso_super_packet_is_rejected():
+    """Total length 0 takes the record's wire length; past 524,280 bytes (GSO_MAX_SIZE) no IPv4 packet
+    exists, and the packets suite would fail the hour: the frame is rejected instead."""
+    pkt = cf.ipv4("10.25.132.13", "192.0.2.1", 6, cf.tcp(1, 2), total_length=0)
+    frames = [cf.ethernet(pkt), cf.ethernet(pkt)]
+    packets = [cf.Packet(frames[0], T0_NS, orig_len=14 + 524_280), cf.Packet(frames[1], T0_NS, orig_len=14 + 524_281)]
+    assert parse(cf.pcap(packets)) == [
+        packet(T0_US, "10.25.132.13", "192.0.2.1", 1, 2, 6, 524_280, "out"),
+        reject("IPv4 packet of 524281 bytes (from the record's wire length) is more than a GSO/BIG TCP super-packet "
+               "can carry (524280)", frame_record(2, pcap_offsets(packets)[1], frames[1])),
+    ]
+
+
 def test_ipv6_payload_length_zero_without_jumbo_option():
     big_tcp = cf.ipv6("2001:db8::1", "2606:4700::1111", 6, cf.tcp(1, 2, bytes(100_000)), payload_length=0)
     empty = cf.ipv6("2001:db8::1", "2606:4700::1111", 59, b"")
@@ -398,9 +411,10 @@ def test_orientation_out_in_internal_and_neither():
 
 
 def test_keep_transit_keeps_neither_local_packets_with_the_sender_as_local():
+    """Kept with direction unknown (null): ``transit`` is no stored direction, so the hour still passes."""
     frames = ethernet_frames([cf.ipv4("8.8.8.8", "1.1.1.1", 17, cf.udp(53, 5353)), OUT_TCP])
     assert parse(cf.pcap(stamped(frames)), keep_transit=True) == [
-        packet(T0_US, "8.8.8.8", "1.1.1.1", 53, 5353, 17, 28, "transit"),
+        packet(T0_US, "8.8.8.8", "1.1.1.1", 53, 5353, 17, 28, None),
         packet(T0_US + 1000, "10.0.0.1", "93.184.216.34", 40000, 443, 6, 140, "out"),
     ]
 
@@ -413,14 +427,31 @@ def test_empty_local_networks_makes_every_packet_neither_local():
         reject("neither address is in local_networks (10.0.0.1 → 93.184.216.34)", frame_record(1, offsets[0], frames[0])),
         reject("neither address is in local_networks (2001:db8::1 → 2606:4700::1111)", frame_record(2, offsets[1], frames[1])),
     ]
-    assert [r["direction"] for r in parse(cf.pcap(packets), local=[], keep_transit=True)] == ["transit", "transit"]
+    assert [r["direction"] for r in parse(cf.pcap(packets), local=[], keep_transit=True)] == [None, None]
 
 
 def test_ipv6_addresses_are_canonical_text_and_networks_match_per_family():
-    pkt = cf.ipv6("2001:0DB8:0000:0000:0000:0000:0000:0001", "::ffff:10.0.0.9", 17, cf.udp(1, 2))
+    pkt = cf.ipv6("2001:0DB8:0000:0000:0000:0000:0000:0001", "2606:4700:0:0:0:0:0:1111", 17, cf.udp(1, 2))
     rows = parse(cf.pcap([cf.Packet(cf.ethernet(pkt, 0x86DD), T0_NS)]), local=["2001:db8::/32", "10.0.0.0/8"])
-    # an IPv4-mapped IPv6 address is an IPv6 address: 10.0.0.0/8 does not make it local
-    assert rows == [packet(T0_US, "2001:db8::1", "::ffff:a00:9", 1, 2, 17, 48, "out")]
+    assert rows == [packet(T0_US, "2001:db8::1", "2606:4700::1111", 1, 2, 17, 48, "out")]
+
+
+def test_ipv4_mapped_addresses_are_stored_matched_and_bounded_as_ipv4():
+    """``::ffff:a.b.c.d`` is the IPv4 host it maps (as for text inputs): an IPv4 row, local by an IPv4
+    network, under the IPv4 size bound; next to a plain IPv6 address it is rejected (mixed families)."""
+    both = cf.ipv6("::ffff:192.0.2.7", "::ffff:10.0.0.9", 17, cf.udp(1, 2))
+    mixed = cf.ipv6("2001:db8::1", "::ffff:10.0.0.9", 17, cf.udp(1, 2))
+    big = cf.ipv6("::ffff:10.0.0.9", "::ffff:192.0.2.7", 6, cf.tcp(1, 2), payload_length=65_535)
+    frames = ethernet_frames([both, mixed, big])
+    packets = stamped(frames)
+    offsets = pcap_offsets(packets)
+    assert parse(cf.pcap(packets), local=["2001:db8::/32", "10.0.0.0/8"]) == [
+        packet(T0_US, "10.0.0.9", "192.0.2.7", 2, 1, 17, 48, "in"),
+        reject("IPv6 packet between an IPv4-mapped address and a plain IPv6 one: stored as IPv4 and IPv6, the two "
+               "ends would be of different families", frame_record(2, offsets[1], frames[1])),
+        reject("IPv6 packet of 65575 bytes between IPv4-mapped addresses is more than an IPv4 packet can carry "
+               "(65535)", frame_record(3, offsets[2], frames[2])),
+    ]
 
 
 def test_host_routes_and_overlapping_networks():

@@ -1,0 +1,105 @@
+"""Every packet row any reader produces is one the suites accept (``records.packet_problem``), whatever it read.
+
+Hypothesis draws records for each text format and IP packets for captures from values near the
+contract's edges: zone ids with any text after ``%``, IPv4-mapped IPv6 in every spelling, other
+directions, byte counts around each family's bound. A reader may reject any of them; a row it
+keeps as a packet must never fail its hour.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import ipaddress
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests import capture_factory as cf
+from traffic.captures import parse_capture
+from traffic.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes
+from traffic.records import MAX_BYTES_V4, MAX_BYTES_V4_GSO, packet_problem
+
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TS = 1_793_527_200_000_000
+
+v4 = st.builds(ipaddress.IPv4Address, st.integers(0, 2**32 - 1))
+v6 = st.builds(ipaddress.IPv6Address, st.integers(0, 2**128 - 1))
+mapped = v4.map(lambda a: ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + a.packed))
+address = st.one_of(
+    v4.map(str), v6.map(str), v6.map(lambda a: a.exploded.upper()), mapped.map(str), mapped.map(lambda a: a.exploded),
+    v4.map(lambda a: f"::ffff:{a}"), v4.map(lambda a: f"::FFFF:{a}"), v4.map(lambda a: f"::{a}"),
+    st.tuples(v6, st.text(max_size=12)).map(lambda p: f"{p[0]}%{p[1]}"),
+    st.sampled_from(["fe80::1%eth0", "fe80::1%<svg onload=alert(1)>", "fe80::1%", "010.0.0.1", "", "::1", "x"]),
+)
+direction = st.one_of(st.sampled_from(["in", "out", "internal", "transit", "IN", "", "unknown", " in"]),
+                      st.text(max_size=8))
+size = st.one_of(st.integers(0, 2**33), st.sampled_from([MAX_BYTES_V4, MAX_BYTES_V4 + 1, 70_000, 4_294_967_335,
+                                                          4_294_967_336, 0]))
+port = st.one_of(st.none(), st.integers(0, 70_000))
+record = st.fixed_dictionaries({"local_ip": address, "remote_ip": address, "bytes": size, "direction": direction,
+                                "local_port": port, "remote_port": port, "protocol": st.one_of(st.none(),
+                                                                                            st.integers(0, 300))})
+
+
+def _kept_rows_are_valid(table) -> list[dict]:
+    packets = [r for r in table.to_pylist() if r["kind"] == "packet"]
+    problems = [(r, packet_problem(r)) for r in packets if packet_problem(r) is not None]
+    assert problems == [], problems
+    return packets
+
+
+def _field(value) -> str:
+    return "" if value is None else str(value).replace(",", " ").replace("\n", " ").replace("\r", " ")
+
+
+@FUZZ
+@given(st.lists(record, min_size=1, max_size=12))
+def test_every_json_lines_packet_passes_the_checks(items):
+    lines = [json.dumps({"ts": TS, **{k: v for k, v in item.items() if v is not None}}) for item in items]
+    _kept_rows_are_valid(parse_bytes("\n".join(lines).encode("utf-8", "surrogatepass"), JSON_LINES, source="s",
+                                     input_file="f"))
+
+
+@FUZZ
+@given(st.lists(record, min_size=1, max_size=12))
+def test_every_csv_with_header_packet_passes_the_checks(items):
+    out = io.StringIO()
+    writer = csv.writer(out)
+    columns = ["local_ip", "remote_ip", "local_port", "remote_port", "protocol", "bytes", "direction"]
+    writer.writerow(["ts", *columns])
+    for item in items:
+        writer.writerow([TS, *(_field(item[c]).replace("\x00", "") for c in columns)])
+    _kept_rows_are_valid(parse_bytes(out.getvalue().encode("utf-8", "surrogatepass"), CSV_HEADER, source="s",
+                                     input_file="f"))
+
+
+@FUZZ
+@given(st.lists(record, min_size=1, max_size=12))
+def test_every_router_feed_packet_passes_the_checks(items):
+    lines = [",".join(["new", "OP_INSERT", str(TS), _field(i["local_ip"]), _field(i["remote_ip"]),
+                       _field(i["local_port"]), _field(i["remote_port"]), _field(i["bytes"])]) for i in items]
+    data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+    _kept_rows_are_valid(parse_bytes(data, ROUTER_FEED, source="s", input_file="f"))
+
+
+ip_packet = st.one_of(
+    st.tuples(v4, v4, st.integers(0, 1)).map(
+        lambda p: cf.ipv4(str(p[0]), str(p[1]), 6, cf.tcp(1, 2), total_length=0 if p[2] else None)),
+    st.tuples(st.one_of(v6, mapped), st.one_of(v6, mapped), st.one_of(st.none(), st.integers(0, 65_535))).map(
+        lambda p: cf.ipv6(str(p[0]), str(p[1]), 17, cf.udp(1, 2), payload_length=p[2])),
+)
+
+
+@FUZZ
+@given(st.lists(st.tuples(ip_packet, st.one_of(st.none(), st.integers(0, 2**32 - 1))), min_size=1, max_size=8),
+       st.lists(st.sampled_from(["10.0.0.0/8", "192.0.0.0/2", "::/1", "2000::/3", "::ffff:0:0/96"]), max_size=3),
+       st.booleans())
+def test_every_captured_packet_passes_the_checks(packets, local, keep_transit):
+    """Including IPv6 packets with IPv4-mapped ends and IPv4 packets whose record claims any wire length."""
+    frames = [cf.Packet(cf.ethernet(p, cf.ethertype_of(p)), 1_700_000_000_000_000_000 + i, orig_len=orig)
+              for i, (p, orig) in enumerate(packets)]
+    rows = _kept_rows_are_valid(parse_capture(cf.pcap(frames), source="s", input_file="f", local_networks=local,
+                                              keep_transit=keep_transit))
+    assert all(r["bytes"] <= MAX_BYTES_V4_GSO for r in rows if ":" not in r["local_ip"])
