@@ -1,11 +1,17 @@
 # One image for every service of the compose stack: Airflow, the Spark master and workers.
 # Java for Spark, this project installed from requirements.lock, and Delta Lake's jars baked
 # in at build time so the Delta layer's `spark` engine is used (TRAFFIC_ENGINE=auto finds them).
+# The jars are kept only if their SHA-256 is the pinned one (docker-compose.yml passes
+# DELTA_SPARK_SHA256 and DELTA_STORAGE_SHA256 from .env; with neither set the image has no jars
+# and the Delta layer runs its rs engine); every service starts through
+# refuse-placeholders.sh, which refuses a setting still holding .env.example's change-me.
 FROM python:3.11-slim-bookworm
 
 ARG DELTA_VERSION=4.4.1
 ARG SCALA_VERSION=2.13
 ARG MAVEN=https://repo1.maven.org/maven2
+ARG DELTA_SPARK_SHA256
+ARG DELTA_STORAGE_SHA256
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
@@ -30,11 +36,9 @@ COPY jobs ./jobs
 COPY dags ./dags
 RUN pip install --no-deps --no-build-isolation -e .
 
-RUN mkdir -p /opt/delta-jars \
- && curl -fsSL -o /opt/delta-jars/delta-spark_${SCALA_VERSION}-${DELTA_VERSION}.jar \
-      ${MAVEN}/io/delta/delta-spark_${SCALA_VERSION}/${DELTA_VERSION}/delta-spark_${SCALA_VERSION}-${DELTA_VERSION}.jar \
- && curl -fsSL -o /opt/delta-jars/delta-storage-${DELTA_VERSION}.jar \
-      ${MAVEN}/io/delta/delta-storage/${DELTA_VERSION}/delta-storage-${DELTA_VERSION}.jar
+COPY scripts/fetch-delta-jars.sh scripts/refuse-placeholders.sh /usr/local/bin/
+# The build arguments above are in this step's environment, where the script reads them.
+RUN fetch-delta-jars.sh /opt/delta-jars
 
 # spark-class and spark-submit come with the pyspark package.
 RUN ln -s "$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" /opt/spark
@@ -42,4 +46,4 @@ ENV SPARK_HOME=/opt/spark PATH=/opt/spark/bin:$PATH PYSPARK_PYTHON=python
 
 RUN useradd --create-home --uid 50000 traffic && mkdir -p /data /opt/airflow && chown -R traffic /data /opt/airflow
 USER traffic
-ENTRYPOINT ["/usr/bin/tini", "--"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/refuse-placeholders.sh"]

@@ -15,7 +15,10 @@ export AIRFLOW_HOME=${AIRFLOW_HOME:-$root/airflow-home}
 mkdir -p "$AIRFLOW_HOME"
 AIRFLOW_HOME=$(cd "$AIRFLOW_HOME" && pwd)
 # airflow standalone starts its components as `airflow …`, and spark-submit must be this venv's.
-export PATH="$root/.venv/bin:$PATH"
+# scripts/standalone/airflow is that `airflow`, but its scheduler and triggerer start no log server
+# (Airflow 3.3 binds those to every interface, with no setting to change it; the API server reads
+# the logs from the log folder here): 127.0.0.1 is the only address anything listens on.
+export PATH="$root/scripts/standalone:$root/.venv/bin:$PATH"
 
 port=${AIRFLOW__API__PORT:-8080}
 url="http://127.0.0.1:$port"
@@ -42,6 +45,7 @@ mkdir -p "$TRAFFIC_INBOX"
 
 # One fixed admin password, made once, in the passwords file the simple auth manager reads;
 # and a JWT signing key of a proper length, also made once (Airflow's generated one is short).
+# Both are the owner's alone (0600), also when an earlier run or Airflow itself left them readable.
 passwords=$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE
 if [ ! -s "$passwords" ]; then
   (umask 077 && .venv/bin/python -c 'import json, secrets; print(json.dumps({"admin": secrets.token_urlsafe(12)}))' >"$passwords")
@@ -50,6 +54,7 @@ password=$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[
 if [ ! -s "$AIRFLOW_HOME/jwt_secret" ]; then
   (umask 077 && .venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(64))' >"$AIRFLOW_HOME/jwt_secret")
 fi
+chmod 600 "$passwords" "$AIRFLOW_HOME/jwt_secret"
 AIRFLOW__API_AUTH__JWT_SECRET=$(cat "$AIRFLOW_HOME/jwt_secret")
 export AIRFLOW__API_AUTH__JWT_SECRET
 

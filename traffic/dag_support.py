@@ -270,8 +270,33 @@ def publish_data_quality(interval_start: Any, interval_end: Any) -> dict:
 
 # -- the replay form ----------------------------------------------------------------------------
 
+def replay_input(settings, folder: str) -> Path:
+    """The replay form's input folder, links resolved, if it lies inside one of ``replay_roots``.
+
+    Whoever may trigger a DAG may not make the worker read any file it can: only archives under
+    the configured roots (``Settings.replay_folders``). The resolved path is what the job gets, so
+    a link swapped after this check cannot point it elsewhere.
+    """
+    from traffic.settings import SettingsError
+
+    roots = [Path(os.path.realpath(root)) for root in settings.replay_folders()]
+    allowed = ", ".join(str(root) for root in roots)
+    if not Path(folder).is_absolute() or "\0" in folder:
+        raise SettingsError(f"input {folder!r} is not an absolute folder (allowed: folders under {allowed})")
+    resolved = Path(os.path.realpath(folder))
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise SettingsError(f"input {folder!r} is not under a replay root (allowed: folders under {allowed}; "
+                            "the setting replay_roots adds others)")
+    if not resolved.is_dir():
+        raise SettingsError(f"input {folder!r} is not a folder on the worker")
+    return resolved
+
+
 def replay_arguments(params: Mapping[str, Any]) -> list[str]:
-    """``jobs/replay.py`` arguments from the replay form, checked before any JVM starts."""
+    """``jobs/replay.py`` arguments from the replay form, checked before any JVM starts.
+
+    Values go as ``--name=value``, so a reason or a source that starts with ``-`` stays a value.
+    """
     from traffic.settings import SettingsError, _parse_now
 
     def text(name: str) -> str:
@@ -284,12 +309,13 @@ def replay_arguments(params: Mapping[str, Any]) -> list[str]:
     start, end = _parse_now("from", text("from")), _parse_now("to", text("to"))
     if end <= start:
         raise SettingsError(f"replay range is empty: from {start.isoformat()} is not before to {end.isoformat()}")
-    args = ["--from", start.isoformat(), "--to", end.isoformat(), "--input", text("input")]
+    folder = replay_input(settings_from_env(), text("input"))
+    args = [f"--from={start.isoformat()}", f"--to={end.isoformat()}", f"--input={folder}"]
     if text("source"):
-        args += ["--source", text("source")]
+        args.append(f"--source={text('source')}")
     restate = params.get("restate")
     if restate is True or str(restate).strip().lower() in {"true", "1", "yes"}:
         if not text("reason"):
             raise SettingsError("restate needs a reason (it is recorded in the ledger)")
-        args += ["--restate", "--reason", text("reason")]
+        args += ["--restate", f"--reason={text('reason')}"]
     return args

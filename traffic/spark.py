@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from traffic import jvm
+from traffic.connect import CONNECT_SESSION_CONF, client_url, recorded_server
 from traffic.delta import choose_engine
 from traffic.settings import Settings
 
@@ -20,16 +21,16 @@ LOCAL_MASTER = "local[2]"
 def resolve_master(settings: Settings) -> str:
     """``auto``: the warehouse's warm Spark Connect server (``traffic spark start``) if it runs, else local.
 
+    The server's URL carries its token, read from the server's record (trusted only if this user
+    wrote it: ``traffic.connect.recorded_server``); print it with ``traffic.connect.without_token``.
     Under ``spark-submit`` the JVM is already up, so ``auto`` never reaches for a server there.
     """
     if settings.spark_master != "auto":
         return settings.spark_master
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        from traffic.connect import recorded_server
-
         record = recorded_server(Path(settings.warehouse) / "_traffic")
         if record:
-            return record["url"]
+            return client_url(record)
     return LOCAL_MASTER
 
 
@@ -84,15 +85,6 @@ def build_spark(settings: Settings, app_name: str):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-#: Session settings a Spark Connect client sets on its server-side session (the server owns the rest).
-CONNECT_SESSION_CONF = {
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
-    "spark.sql.execution.arrow.maxRecordsPerBatch": "200000",
-}
 
 
 def _connect(settings: Settings):

@@ -251,16 +251,25 @@ def test_replay_params_render_as_a_form(dagbag):
         assert schema[name].get("title") and dag.params.get_param(name).description, f"{name}: form label and help"
 
 
-def test_replay_arguments_follow_the_form():
+@pytest.fixture()
+def archive(tmp_path, monkeypatch):
+    """A folder under the worker's replay root (``replay_roots``): the only place the form may read."""
+    folder = tmp_path / "archive"
+    folder.mkdir()
+    monkeypatch.setenv("TRAFFIC_REPLAY_ROOTS", str(tmp_path))
+    return folder.resolve()
+
+
+def test_replay_arguments_follow_the_form(archive):
     from traffic.dag_support import replay_arguments
     from traffic.settings import SettingsError
 
-    form = {"from": "2026-11-19T22:00:00Z", "to": "2026-11-20T02:00:00+00:00", "input": "/archive",
+    form = {"from": "2026-11-19T22:00:00Z", "to": "2026-11-20T02:00:00+00:00", "input": str(archive),
             "source": None, "restate": False, "reason": None}
-    assert replay_arguments(form) == ["--from", "2026-11-19T22:00:00+00:00", "--to", "2026-11-20T02:00:00+00:00",
-                                      "--input", "/archive"]
-    assert replay_arguments({**form, "source": "edge-a", "restate": True, "reason": "clock fix"})[-5:] == [
-        "--source", "edge-a", "--restate", "--reason", "clock fix"]
+    assert replay_arguments(form) == ["--from=2026-11-19T22:00:00+00:00", "--to=2026-11-20T02:00:00+00:00",
+                                      f"--input={archive}"]
+    assert replay_arguments({**form, "source": "edge-a", "restate": True, "reason": "clock fix"})[-3:] == [
+        "--source=edge-a", "--restate", "--reason=clock fix"]
     with pytest.raises(SettingsError, match="reason"):
         replay_arguments({**form, "restate": True, "reason": "  "})
     with pytest.raises(SettingsError, match="empty"):
@@ -269,11 +278,11 @@ def test_replay_arguments_follow_the_form():
         replay_arguments({**form, "input": ""})
 
 
-def test_replay_template_renders_the_argument_list(dagbag):
+def test_replay_template_renders_the_argument_list(dagbag, archive):
     dag = dagbag.dags["traffic_replay"]
     task = dag.get_task("replay")
     rendered = dag.get_template_env().from_string(task.application_args).render(
-        params={"from": "2026-11-19T22:00:00+00:00", "to": "2026-11-19T23:00:00+00:00", "input": "/a",
+        params={"from": "2026-11-19T22:00:00+00:00", "to": "2026-11-19T23:00:00+00:00", "input": str(archive),
                 "source": "edge", "restate": False, "reason": None})
-    assert rendered == ["--from", "2026-11-19T22:00:00+00:00", "--to", "2026-11-19T23:00:00+00:00",
-                        "--input", "/a", "--source", "edge"]
+    assert rendered == ["--from=2026-11-19T22:00:00+00:00", "--to=2026-11-19T23:00:00+00:00",
+                        f"--input={archive}", "--source=edge"]

@@ -8,7 +8,6 @@ covered by ``test_crash_points.py``, whose killed commands are clients of such a
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from tests.harness import feed_line, tick_line
-from traffic.connect import record_path, recorded_server
+from traffic.connect import record_path, recorded_server, write_record
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 1, 10, tzinfo=UTC)
@@ -50,7 +49,7 @@ def test_a_warm_server_serves_later_jobs_and_stops_cleanly(tmp_path):
     try:
         assert started.returncode == 0, started.stderr
         record = recorded_server(warehouse / "_traffic")
-        assert record and record["url"].startswith("sc://127.0.0.1:"), started.stdout
+        assert record and record["url"].startswith("sc://localhost:"), started.stdout  # the server binds 127.0.0.1
         again = _traffic("spark", "start", *where)
         assert "already running" in again.stdout and recorded_server(warehouse / "_traffic")["pid"] == record["pid"]
 
@@ -74,7 +73,7 @@ def test_a_stale_record_is_ignored_and_removed(tmp_path):
     state.mkdir()
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(done.stdout)  # a process that has exited
-    record_path(state).write_text(json.dumps({"pid": dead_pid, "port": 9, "url": "sc://127.0.0.1:9"}))
+    write_record(state, {"pid": dead_pid, "port": 9, "url": "sc://localhost:9", "token": "t"})
     assert recorded_server(state) is None
     assert not record_path(state).exists()
 

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
+import secrets
+import shlex
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -70,14 +77,18 @@ def test_volumes_match_the_paths_the_code_is_told(compose):
     declared = set(compose["volumes"])
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):
-            assert volume.split(":")[0] in declared, (name, volume)
+            source = volume.split(":")[0]
+            if source.startswith("./"):  # a file of this repository, e.g. the entrypoint check in postgres
+                assert (ROOT / source).is_file() and volume.endswith(":ro"), (name, volume)
+            else:
+                assert source in declared, (name, volume)
 
 
 def test_secrets_come_from_the_env_file(compose):
     text = (ROOT / "docker-compose.yml").read_text()
     example = dict(line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
                    if line and not line.startswith("#"))
-    for variable in set(re.findall(r"\$\{([A-Z_]+)", text)) - {"SPARK_WORKER_CORES", "SPARK_WORKER_MEMORY"}:
+    for variable in set(re.findall(r"\$\{([A-Z0-9_]+)", text)) - {"SPARK_WORKER_CORES", "SPARK_WORKER_MEMORY"}:
         assert variable in example, f"{variable} is used by docker-compose.yml but missing from .env.example"
     for secret in ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET"):
         assert example[secret] == "change-me", f"{secret} must not hold a real value in .env.example"
@@ -102,3 +113,148 @@ def test_dockerfile_installs_what_pyproject_declares():
     assert "openjdk-17" in dockerfile
     for folder in ("traffic", "schemas", "expectations", "jobs", "dags"):
         assert f"COPY {folder} " in dockerfile, f"the image lacks {folder}/"
+
+
+# -- deployment defaults: placeholders refused, secrets owner-only, jars verified -----------------
+
+def _env_file(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def _interpolate(value, env: dict[str, str]) -> str:
+    """Compose's ``${VAR}``, ``${VAR:-default}``, ``${VAR:?message}`` (what `docker compose` does to a value)."""
+    def one(match):
+        name, op, rest = match.group(1), match.group(2), match.group(3)
+        if env.get(name):
+            return env[name]
+        if op == ":?":
+            raise AssertionError(f"compose would refuse: {rest}")
+        return rest if op == ":-" else ""
+    return re.sub(r"\$\{([A-Z0-9_]+)(?:(:[-?])([^}]*))?\}", one, str(value)).replace("$$", "$")
+
+
+def _entrypoint_script(compose, name: str) -> Path:
+    """The repository file a service's container runs as its entrypoint (through the image or a mount)."""
+    service = compose["services"][name]
+    if "entrypoint" in service:
+        container_path = next(part for part in service["entrypoint"] if part.endswith(".sh"))
+        mounts = dict(reversed(v.split(":")[:2]) for v in service.get("volumes", []))
+        return ROOT / mounts[container_path]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    entrypoint = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", dockerfile, re.M).group(1))
+    assert entrypoint[:2] == ["/usr/bin/tini", "--"] and entrypoint[2].endswith(".sh"), entrypoint
+    copied = re.search(rf"^COPY (.*) {re.escape(str(Path(entrypoint[2]).parent))}/$", dockerfile, re.M).group(1)
+    script = next(p for p in copied.split() if Path(p).name == Path(entrypoint[2]).name)
+    return ROOT / script
+
+
+def _start(compose, name: str, dot_env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run the service's entrypoint, with the environment compose would give it, in front of ``echo started``."""
+    service = compose["services"][name]
+    env = {key: _interpolate(value, dot_env) for key, value in (service.get("environment") or {}).items()}
+    return subprocess.run(["sh", str(_entrypoint_script(compose, name)), "echo", "started"], capture_output=True,
+                          text=True, timeout=30, env={"PATH": os.environ["PATH"], **env})
+
+
+def _depends(compose, name: str) -> set[str]:
+    direct = set(compose["services"][name].get("depends_on") or {})
+    return direct.union(*(_depends(compose, d) for d in direct)) if direct else set()
+
+
+def test_the_stack_refuses_to_start_with_the_placeholders_of_env_example(compose):
+    dot_env = _env_file((ROOT / ".env.example").read_text())
+    dot_env.update(DELTA_SPARK_SHA256="0" * 64, DELTA_STORAGE_SHA256="1" * 64)  # past compose's own `:?`
+    refused = {}
+    for name in compose["services"]:
+        started = _start(compose, name, dot_env)
+        if started.returncode != 0:
+            assert started.returncode == 78 and "started" not in started.stdout, (name, started)
+            assert "change-me" in started.stderr and "refusing to start" in started.stderr, started.stderr
+            refused[name] = started.stderr
+    assert {"postgres", "airflow-init"} <= set(refused), refused
+    assert "POSTGRES_PASSWORD" in refused["postgres"]
+    for secret in ("AIRFLOW_ADMIN_PASSWORD", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET",
+                   "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"):
+        assert secret in refused["airflow-init"], refused["airflow-init"]
+    for name in set(compose["services"]) - set(refused):  # no secret of its own: it waits for one that refused
+        assert _depends(compose, name) & set(refused), f"{name} would start with placeholder secrets around it"
+
+
+def test_the_stack_starts_once_every_placeholder_is_replaced(compose):
+    dot_env = _env_file((ROOT / ".env.example").read_text())
+    for key, value in dot_env.items():
+        if value == "change-me":
+            dot_env[key] = secrets.token_urlsafe(24)
+    dot_env.update(DELTA_SPARK_SHA256="0" * 64, DELTA_STORAGE_SHA256="1" * 64)
+    for name in compose["services"]:
+        started = _start(compose, name, dot_env)
+        assert (started.returncode, started.stdout.strip(), started.stderr) == (0, "started", ""), (name, started)
+
+
+def test_the_init_writes_the_password_file_owner_only(compose, tmp_path):
+    script = compose["services"]["airflow-init"]["command"][2]
+    line = next(line for line in script.splitlines() if "passwords" in line.lower() or "PASSWORDS_FILE" in line)
+    argv = shlex.split(line)
+    assert argv[:2] == ["python", "-c"], line
+    target = tmp_path / "passwords.json"
+    target.write_text("{}")
+    target.chmod(0o644)  # left by an earlier version: rewritten and made private
+    env = {"PATH": os.environ["PATH"], "AIRFLOW_ADMIN_USER": "admin", "AIRFLOW_ADMIN_PASSWORD": "pw-1",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(target)}
+    for _ in range(2):
+        done = subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True, text=True, timeout=30,
+                              preexec_fn=lambda: os.umask(0o022))
+        assert done.returncode == 0, done.stderr
+        assert target.stat().st_mode & 0o777 == 0o600 and json.loads(target.read_text()) == {"admin": "pw-1"}
+        target.unlink()  # and once more, created fresh under a permissive umask
+    airflow_env = compose["services"]["airflow-scheduler"]["environment"]
+    assert compose["services"]["airflow-init"]["environment"]["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] \
+        == airflow_env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
+
+
+def _maven(tmp_path, version="4.4.1", scala="2.13") -> tuple[str, dict[str, str]]:
+    """A Maven layout on disk (file:// URL) with two jars, and the checksums that match them."""
+    repo = tmp_path / "maven"
+    jars = {"DELTA_SPARK_SHA256": repo / f"io/delta/delta-spark_{scala}/{version}/delta-spark_{scala}-{version}.jar",
+            "DELTA_STORAGE_SHA256": repo / f"io/delta/delta-storage/{version}/delta-storage-{version}.jar"}
+    sums = {}
+    for name, jar in jars.items():
+        jar.parent.mkdir(parents=True)
+        jar.write_bytes(os.urandom(1000))
+        sums[name] = hashlib.sha256(jar.read_bytes()).hexdigest()
+    return f"file://{repo}", sums
+
+
+def _fetch(folder: Path, maven: str, sums: dict[str, str]):
+    env = {"PATH": os.environ["PATH"], "DELTA_VERSION": "4.4.1", "SCALA_VERSION": "2.13", "MAVEN": maven, **sums}
+    return subprocess.run(["sh", str(ROOT / "scripts" / "fetch-delta-jars.sh"), str(folder)], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_delta_jars_are_kept_only_with_their_pinned_checksums(tmp_path):
+    maven, sums = _maven(tmp_path)
+    good = _fetch(tmp_path / "good", maven, sums)
+    assert good.returncode == 0, good.stderr
+    assert sorted(p.name for p in (tmp_path / "good").iterdir()) == ["delta-spark_2.13-4.4.1.jar",
+                                                                    "delta-storage-4.4.1.jar"]
+    tampered = _fetch(tmp_path / "tampered", maven, {**sums, "DELTA_STORAGE_SHA256": "f" * 64})
+    assert tampered.returncode == 1 and "not the pinned" in tampered.stderr, tampered.stderr
+    assert not (tmp_path / "tampered" / "delta-storage-4.4.1.jar").exists()
+    assert not list((tmp_path / "tampered").glob("*.part"))
+    half = _fetch(tmp_path / "half", maven, {**sums, "DELTA_SPARK_SHA256": ""})
+    assert half.returncode == 1 and "DELTA_SPARK_SHA256 must be" in half.stderr, half.stderr
+    assert not list((tmp_path / "half").glob("*.jar"))
+    # Nothing pinned: no jar at all (the rs engine needs none), never an unverified one.
+    unpinned = _fetch(tmp_path / "unpinned", maven, {"DELTA_SPARK_SHA256": "", "DELTA_STORAGE_SHA256": ""})
+    assert unpinned.returncode == 0 and "without Delta's jars" in unpinned.stdout, unpinned.stderr
+    assert not list((tmp_path / "unpinned").glob("*"))
+
+
+def test_the_image_build_verifies_the_jars_and_compose_pins_them(compose):
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for name in ("DELTA_SPARK_SHA256", "DELTA_STORAGE_SHA256"):
+        assert re.search(rf"^ARG {name}$", dockerfile, re.M), f"{name} must be a build argument without a default"
+        assert compose["services"]["airflow-init"]["build"]["args"][name] == f"${{{name}:-}}"
+    assert re.search(r"^RUN fetch-delta-jars\.sh /opt/delta-jars$", dockerfile, re.M)
+    assert "curl" not in dockerfile.split("fetch-delta-jars.sh /opt/delta-jars")[0].split("apt-get install")[1] \
+        .split("\n", 1)[1], "the jars are fetched by the verifying script only"

@@ -1,0 +1,101 @@
+"""`make airflow` listens on 127.0.0.1 only and keeps its secrets to its owner.
+
+The real `scripts/airflow.sh` (the ``airflow`` fixture): once the scheduler and the triggerer
+run, every listening TCP socket of its processes is bound to a loopback address (Airflow 3.3's
+log servers would listen on every interface; they are not started), the API server's among
+them; the password file and the JWT signing key are 0600.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import time
+from pathlib import Path
+
+from tests.e2e.conftest import _our_processes
+
+
+def _listening() -> dict[int, tuple[str, int]]:
+    """Listening TCP sockets of this machine: inode -> (address, port), IPv4 and IPv6."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], int(fields[9])
+            if state != "0A":  # LISTEN
+                continue
+            hex_address, hex_port = local.split(":")
+            raw = bytes.fromhex(hex_address)
+            # /proc prints the address as 32-bit words in host (little-endian) order
+            packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            address = ipaddress.ip_address(packed)
+            address = getattr(address, "ipv4_mapped", None) or address  # ::ffff:127.0.0.1 is 127.0.0.1
+            found[inode] = (str(address), int(hex_port, 16))
+    return found
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    except OSError:
+        pass
+    return inodes
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _airflow_processes(home: Path) -> list[int]:
+    """Every process of the fixture's Airflow: its session (airflow.sh starts one). Found by session,
+    not only by environment: a process that sets its title (the API server, a log server) overwrites
+    the environment that /proc shows."""
+    sessions = {_session(pid) for pid in _our_processes(home)} - {None}
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _session(int(p.name)) in sessions]
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_only_loopback_listens_and_the_secrets_are_the_owners(airflow):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the log servers would start with these two
+        commands = [_command(pid) for pid in _airflow_processes(airflow.home)]
+        if any("airflow scheduler" in c for c in commands) and any("airflow triggerer" in c for c in commands):
+            break
+        time.sleep(2)
+    else:
+        raise AssertionError(f"the scheduler and the triggerer did not start: {commands}")
+    time.sleep(15)  # time for a log server to bind, were one started
+
+    listening = _listening()
+    ours = {}
+    for pid in _airflow_processes(airflow.home):
+        for inode in _socket_inodes(pid) & set(listening):
+            ours[listening[inode]] = _command(pid)
+    port = int(airflow.url.rsplit(":", 1)[1])
+    assert ("127.0.0.1", port) in ours, f"the API server is not among the listeners: {ours}"
+    exposed = {where: command for where, command in ours.items() if not ipaddress.ip_address(where[0]).is_loopback}
+    assert not exposed, f"listening beyond loopback: {exposed}"
+
+    for secret in (airflow.home / "passwords.json", airflow.home / "jwt_secret"):
+        assert secret.stat().st_mode & 0o777 == 0o600, f"{secret}: {secret.stat().st_mode & 0o777:o}"
