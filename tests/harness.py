@@ -26,7 +26,7 @@ MODEL_COLUMNS = {
     "periods": ["grain", "period_start", "bytes", "packets", "late_bytes", "late_packets", "sources_reporting",
                 "sources_expected", "panes_active", "closed_at_watermark", "dq_status", "restated"],
     "source_panes": ["source", "pane_start", "packets", "bytes", "ticks"],
-    "clocks": ["source", "clock", "last_batch_id"],
+    "clocks": ["source", "clock", "last_batch_id", "last_seen_at"],
     "batches": ["batch_id", "records_read", "packets_on_time", "packets_late", "records_rejected", "ticks",
                 "bytes_on_time", "bytes_late", "duplicate_files", "watermark_before", "watermark_after"],
 }

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic import state as st
+from traffic.accounts import load_accounts
 from traffic.billing import (
     DIRECTIONS,
     PANE_SECONDS,
@@ -218,6 +219,7 @@ def due_periods(warehouse: Warehouse, first_hour: datetime | None, frontier: dat
     """
     if first_hour is None or frontier is None:
         return []
+    mapping = load_accounts(warehouse.settings.accounts_file)
     cycle = billing_cycle(warehouse.settings)
     stored = {(r["period_start"], r["period_end"]) for r in st.rows(
         warehouse.table("bills").read_arrow(columns=["period_start", "period_end"]))}
@@ -230,9 +232,20 @@ def due_periods(warehouse: Warehouse, first_hour: datetime | None, frontier: dat
                                                                  or period.start_utc >= billed_until):
             if not all(h in published for h in hours_of(period, first_hour)):
                 break
-            due.append(period)
+            if _has_bills(warehouse, period, mapping):
+                due.append(period)
         period = cycle.period_containing(period.end_utc)
     return due
+
+
+def _has_bills(warehouse: Warehouse, period: BillingPeriod, mapping) -> bool:
+    """Whether a closed period has any bill: final panes in it, or an account in force during it. One with
+    neither (no traffic and no mapping, e.g. months of empty hours after a stray old record) has nothing
+    to store: left due, it would be computed and checked (an empty check fails) at every close."""
+    if any(version.accounts for version in mapping.versions_during(period.start_utc, period.end_utc)):
+        return True
+    return bool(warehouse.table("panes").files(key_min=cluster_key(hour_floor(period.start_utc), "hour"),
+                                               key_max=cluster_key(_ceil_hour(period.end_utc), "hour")))
 
 
 def store_bills(warehouse: Warehouse, periods: list[BillingPeriod]):

@@ -1,23 +1,31 @@
 """``traffic`` — the command line: ingest, close, run, status, show, report, accept, replay, bill, spark, demo.
 
-Errors a person can fix print one line and exit 2; a failed check exits 3; anything
-unexpected prints one line (and the details with ``--debug``) and exits 1.
+Errors a person can fix print one line and exit 2 (a file or folder this user may not write, or
+a full or read-only disk, among them); a failed check exits 3; anything unexpected prints one line
+(and the details with ``--debug``) and exits 1. When the reader of the output goes away
+(``traffic status | head``) the command stops quietly with 141, as a shell tool killed by SIGPIPE
+does. Names and reasons from outside are printed with their control characters escaped
+(``traffic.text``), so no file name or record can send escape sequences to the terminal.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import select
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from traffic import __version__
+from traffic.text import printable, printable_lines
 
 UTC = timezone.utc
 EXIT_USER, EXIT_CHECK, EXIT_BUG = 2, 3, 1
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader went away
 
 _SETTING_OPTIONS = {
     "warehouse": "warehouse root (default ./warehouse)",
@@ -58,12 +66,14 @@ class SparkHolder:
     def __call__(self):
         if self.spark is None:
             from traffic import jvm
-            from traffic.spark import build_spark, resolve_master
+            from traffic.spark import build_spark, resolve_master  # deferred: only a command that needs Spark
 
             clock = time.perf_counter()
             master = resolve_master(self.settings)
             if master.startswith("sc://"):
-                print(f"connecting to the warm Spark at {master} …", file=sys.stderr, flush=True)
+                from traffic.connect import without_token  # deferred: with the session, not at CLI start
+
+                print(f"connecting to the warm Spark at {without_token(master)} …", file=sys.stderr, flush=True)
             else:
                 jit = "quick-start JVM" if jvm.quick(self.settings.spark_jit) else \
                     f"full JIT: {jvm.big_job()}" if jvm.big_job() else "full JIT"
@@ -79,7 +89,7 @@ class SparkHolder:
 
 
 def _progress(message: str) -> None:
-    print(f"  {message}", file=sys.stderr, flush=True)
+    print(f"  {printable(message)}", file=sys.stderr, flush=True)
 
 
 def _fmt_ts(value) -> str:
@@ -124,9 +134,9 @@ def print_close(result) -> None:
         parts.append("bills stored: " + ", ".join(result.bills_stored))
     print("close: " + "; ".join(parts))
     for warning in getattr(result, "warnings", []):
-        print(f"close: warning {warning}")
+        print(f"close: warning {printable(warning)}")
     for failure in result.failed:
-        print(f"close: FAILED {failure}")
+        print(f"close: FAILED {printable(failure)}")
 
 
 def print_timings(args, label: str, result, spark=None) -> None:
@@ -194,7 +204,7 @@ def cmd_report(args, settings, spark) -> int:
     if top_last.total_seconds() <= 0:
         raise SettingsError("--top-last must be a positive duration (24h, 7d, 90m)")
     path = write_report(settings, top_last)
-    print(f"report: {path}")
+    print(f"report: {printable(path)}")
     return 0
 
 
@@ -206,7 +216,8 @@ def cmd_accept(args, settings, spark) -> int:
 
     row = accept(settings, args.period, args.reason, args.by or getpass.getuser())
     print(f"accept: {row['grain']} {period_label(row['grain'], row['period_start'])} is accepted by "
-          f"{row['accepted_by']} ({row['accepted_reason']}); it failed: {row.get('dq_note') or '-'}")
+          f"{printable(row['accepted_by'])} ({printable(row['accepted_reason'])}); "
+          f"it failed: {printable(row.get('dq_note') or '-')}")
     print("accept: roll-ups over it proceed at the next `traffic close`")
     refresh_report(settings, _progress)
     return 0
@@ -219,25 +230,29 @@ def cmd_status(args, settings, spark) -> int:
     if args.json:
         print(json.dumps(info, indent=1, default=str))
         return 0
-    print(f"warehouse   {settings.warehouse}")
+    print(f"warehouse   {printable(settings.warehouse)}")
     print(f"watermark   {_fmt_ts(info['watermark'])}")
     print(f"first hour  {_fmt_ts(info['first_hour'])}")
     for source, clock in sorted(info["clocks"].items()):
         live = "live" if source in info["live_sources"] else "stalled"
-        print(f"  source {source:<16} clock {_fmt_ts(clock)}  ({live})")
+        if source in info["far_ahead"]:
+            live += f", {info['far_ahead'][source]} ahead of the others"
+        print(f"  source {printable(source):<16} clock {_fmt_ts(clock)}  ({printable(live)})")
     print(f"open hours  {', '.join(info['open_hours']) or '-'}")
     for grain in ("hour", "day", "month"):
         print(f"last closed {grain:<5} {info['last_closed'].get(grain) or '-'}")
     if info["pending_batch"]:
         print(f"pending     batch {info['pending_batch']} was interrupted; the next ingest or close finishes it")
     print("tables      " + ", ".join(f"{t} v{v}" for t, v in info["versions"].items()))
+    for warning in info["warnings"]:
+        print(f"warning     {printable(warning)}")
     return 0
 
 
 def cmd_show(args, settings, spark) -> int:
     from traffic.report import show
 
-    print(show(settings, args.what, args.__dict__.get("from"), args.to, args.top))
+    print(printable_lines(show(settings, args.what, args.__dict__.get("from"), args.to, args.top)))
     return 0
 
 
@@ -254,11 +269,11 @@ def cmd_top(args, settings, spark) -> int:
     print(f"top {len(result.rows)} of {result.keys:,} {args.by}s by bytes, "
           f"{_fmt_ts(result.start)} → {_fmt_ts(result.end)} (the watermark)")
     if result.note:
-        print(f"note: {result.note}")
+        print(f"note: {printable(result.note)}")
     label = "account" if args.by == "account" else "address"
     print(f"{label:<40} {'bytes':>16} {'packets':>12} {'in':>16} {'out':>16}")
     for row in result.rows:
-        print(f"{row['key'] or '-':<40} {row['bytes']:>16,} {row['packets']:>12,} {row['bytes_in']:>16,} "
+        print(f"{printable(row['key'] or '-'):<40} {row['bytes']:>16,} {row['packets']:>12,} {row['bytes_in']:>16,} "
               f"{row['bytes_out']:>16,}")
     return 0
 
@@ -273,7 +288,7 @@ def cmd_replay(args, settings, spark) -> int:
     batch, closed = replay(settings, spark, Path(args.input), start, end, args.source,
                            args.reason if args.restate else None, _progress)
     if batch.nothing_to_do:
-        print(f"replay: every file in {args.input} was already counted for this range")
+        print(f"replay: every file in {printable(args.input)} was already counted for this range")
     else:
         print_batch(batch)
         if batch.records_skipped:
@@ -323,16 +338,16 @@ def cmd_bill(args, settings, spark) -> int:
     print(f"{'account':<20} {'bytes_in':>18} {'bytes_out':>18} {'bytes_total':>18} {'p95_in_bps':>16} "
           f"{'p95_out_bps':>16} {'billable_bps':>16}")
     for r in rows:
-        print(f"{r['account']:<20} {r['bytes_in']:>18,} {r['bytes_out']:>18,} {r['bytes_total']:>18,} "
+        print(f"{printable(r['account']):<20} {r['bytes_in']:>18,} {r['bytes_out']:>18,} {r['bytes_total']:>18,} "
               f"{r['p95_in_bps']:>16,.3f} {r['p95_out_bps']:>16,.3f} {r['billable_bps']:>16,.3f}")
     versions = sorted({v for r in rows for v in r["mapping_versions"]})
-    print(f"mapping version(s): {', '.join(versions) or '-'}")
+    print(f"mapping version(s): {printable(', '.join(versions) or '-')}")
     return 0
 
 
 def cmd_spark(args, settings, spark) -> int:
     """Start, stop or show the warehouse's warm Spark Connect server (127.0.0.1 only)."""
-    from traffic import connect
+    from traffic import connect  # deferred: like every command's own modules, loaded when it runs
     from traffic.delta import Warehouse
 
     state_dir = Warehouse(settings, engine="rs").state_dir()
@@ -345,8 +360,8 @@ def cmd_spark(args, settings, spark) -> int:
             print(f"spark: already running at {record['url']} (pid {record['pid']}, since {record['started_at']})")
             return 0
         print(f"spark: warm server ready at {record['url']} in {time.perf_counter() - clock:.1f} s "
-              f"(pid {record['pid']}, log {record['log']}); jobs on {settings.warehouse} use it until "
-              "`traffic spark stop`")
+              f"(pid {record['pid']}, log {printable(record['log'])}); jobs on {printable(settings.warehouse)} "
+              "use it until `traffic spark stop`")
         return 0
     if args.action == "stop":
         record = connect.stop_recorded(state_dir)
@@ -354,7 +369,8 @@ def cmd_spark(args, settings, spark) -> int:
               else "spark: no warm server is running for this warehouse")
         return 0
     record = connect.recorded_server(state_dir)
-    print(f"spark: running at {record['url']} (pid {record['pid']}, since {record['started_at']}, log {record['log']})"
+    print(f"spark: running at {record['url']} (pid {record['pid']}, since {record['started_at']}, "
+          f"log {printable(record['log'])})"
           if record else "spark: no warm server; jobs start their own local Spark (`traffic spark start` keeps one warm)")
     return 0
 
@@ -436,6 +452,52 @@ COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": 
             "spark": cmd_spark, "demo": cmd_demo}
 
 
+#: File-system errors a person fixes (ownership and permissions, a read-only mount, a full disk), with the hint.
+_FIXABLE = {
+    errno.EACCES: "this user may not use it: run as the warehouse's owner, or fix its owner and permissions",
+    errno.EPERM: "this user may not use it: run as the warehouse's owner, or fix its owner and permissions",
+    errno.EROFS: "it is on a read-only file system",
+    errno.ENOSPC: "the disk is full: free some space (an interrupted batch is finished by the next run)",
+    errno.EDQUOT: "this user's disk quota is used up (an interrupted batch is finished by the next run)",
+}
+
+
+def _fixable_problem(error: OSError) -> str:
+    """One line for a file-system error a person can fix: the path, what went wrong, what to do."""
+    where = " → ".join(printable(name) for name in (error.filename, error.filename2) if name is not None)
+    what = error.strerror or type(error).__name__
+    return f"{where}: {what} ({_FIXABLE[error.errno]})" if where else f"{what} ({_FIXABLE[error.errno]})"
+
+
+def _unexpected(args, error: BaseException) -> int:
+    """The last line of defence: one line, not a JVM trace (the details with ``--debug``)."""
+    if getattr(args, "debug", False):
+        raise error
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    print(f"traffic {args.command}: failed: {type(error).__name__}: {printable(first[:500])} (rerun with --debug)",
+          file=sys.stderr)
+    return EXIT_BUG
+
+
+def _reader_gone() -> bool:
+    """After a ``BrokenPipeError``: if stdout's (or stderr's) reader has gone, point it at /dev/null so
+    nothing more (the interpreter's last flush included) fails on it, and say so; False otherwise."""
+    gone = False
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            poller = select.poll()
+            poller.register(stream.fileno(), select.POLLOUT)
+            broken = any(events & select.POLLERR for _, events in poller.poll(0))
+        except (OSError, ValueError):  # not a file descriptor (a test's capture): nothing to redirect
+            continue
+        if broken:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+            gone = True
+    return gone
+
+
 def main(argv: list[str] | None = None, spark=None) -> int:
     """Entry point of the console script (and of ``jobs/*.py`` with their own session)."""
     from traffic.close import CheckFailed
@@ -453,24 +515,30 @@ def main(argv: list[str] | None = None, spark=None) -> int:
             base = Path(args.dir).absolute()
             settings = settings.replace(warehouse=base / "warehouse", inbox=base / "inbox")
         holder = SparkHolder(settings, f"traffic-{args.command}", spark)
-        return COMMANDS[args.command](args, settings, holder)
+        code = COMMANDS[args.command](args, settings, holder)
+        sys.stdout.flush()  # here, not at exit: a reader gone by now is handled below
+        return code
+    except BrokenPipeError as error:
+        if _reader_gone():
+            return EXIT_PIPE
+        return _unexpected(args, error)
     except (SettingsError, InboxError, LockTimeout, StorageError, AcceptError, TopError) as error:
-        print(f"traffic {args.command}: error: {error}", file=sys.stderr)
+        print(f"traffic {args.command}: error: {printable(error)}", file=sys.stderr)
         return EXIT_USER
     except CheckFailed as error:
-        print(f"traffic {args.command}: check failed: {error}", file=sys.stderr)
+        print(f"traffic {args.command}: check failed: {printable(error)}", file=sys.stderr)
         return EXIT_CHECK
     except KeyboardInterrupt:
         print(f"traffic {args.command}: interrupted (an interrupted batch is finished by the next run)",
               file=sys.stderr)
         return 130
+    except OSError as error:
+        if error.errno not in _FIXABLE:
+            return _unexpected(args, error)
+        print(f"traffic {args.command}: error: {_fixable_problem(error)}", file=sys.stderr)
+        return EXIT_USER
     except Exception as error:  # noqa: BLE001 - the last line of defence: one line, not a JVM trace
-        if getattr(args, "debug", False):
-            raise
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"traffic {args.command}: failed: {type(error).__name__}: {first[:500]} (rerun with --debug)",
-              file=sys.stderr)
-        return EXIT_BUG
+        return _unexpected(args, error)
     finally:
         if holder is not None and spark is None:
             holder.stop()

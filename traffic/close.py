@@ -15,6 +15,7 @@ failed and the roll-up over it waits. The ledger row's ``dq_status`` is the verd
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from typing import Callable
@@ -96,12 +97,13 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
     months_done = {r["period_start"] for r in ledger if r["grain"] == "month"}
     limit = state.watermark if until is None else min(state.watermark, until)
     day = state.first_hour.replace(hour=0)
+    freezing = set(plan.hours)
     while day + DAY <= limit and day + DAY <= frozen_end:
         if day not in days_done:
             first = max(day, state.first_hour)
             hours = [first + HOUR * i for i in range(int((day + DAY - first) / HOUR))]
             # Hours frozen by this run count as published unless their checks fail (then the roll-up stops).
-            if not all(h in published or h in plan.hours for h in hours):
+            if not all(h in published or h in freezing for h in hours):
                 break
             plan.days.append(day.date())
         day += DAY
@@ -129,7 +131,7 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
     dq_bound = cluster_key(plan.dq_bound, "month")
     plan.expire_other["dq_results"] = [k for k in warehouse.table("dq_results").keys() if k < dq_bound]
     # Bills of billing periods whose hours are all frozen (by now or by this run) and published.
-    plan.bills = due_periods(warehouse, state.first_hour, frozen_end, published | set(plan.hours))
+    plan.bills = due_periods(warehouse, state.first_hour, frozen_end, published | freezing)
     return plan
 
 
@@ -253,6 +255,10 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
         result.expired_hours = len(plan.expire_packets)
         progress(f"expired raw detail of {len(plan.expire_packets)} hour(s)")
     for table, keys in plan.expire_other.items():
+        if table == "dq_results" and plan.dq_bound is not None:
+            # Listed again now: this run's own checks of periods already past dq_retention (a catch-up over
+            # months) go too, as they would at a rerun of this close after a crash, which finds them written.
+            keys = [k for k in warehouse.table(table).keys() if k < cluster_key(plan.dq_bound, "month")]
         if keys:
             warehouse.table(table).delete_keys(keys, op="expire")
     if plan.dq_bound is not None:
@@ -341,7 +347,7 @@ def _ledger_frame(rows: list[dict]):
     columns = ["grain", "period_start", "bytes", "packets", "late_bytes", "late_packets", "sources_reporting",
                "sources_expected", "panes_active", "table_bytes", "table_packets", "source_bytes", "source_packets",
                "parts_bytes", "late_kept_bytes", "rows_differing", "panes_bytes", "panes_packets",
-               "seconds_past_start"]
+               "seconds_past_start", "sources_ahead"]
     records = []
     for r in rows:
         start = r["period_start"]
@@ -351,8 +357,9 @@ def _ledger_frame(rows: list[dict]):
         records.append({**{c: r.get(c) for c in columns},
                         "seconds_past_start": int((start - aligned).total_seconds())})
     frame = pd.DataFrame.from_records(records, columns=columns)
-    for name in columns[2:]:
+    for name in columns[2:-1]:
         frame[name] = frame[name].astype("Int64")
+    frame["sources_ahead"] = frame["sources_ahead"].astype("object")
     return frame
 
 
@@ -401,14 +408,24 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     check = check or _validation(warehouse, "freeze", [("hour", h) for h in hours])
     keys = [cluster_key(h, "hour") for h in hours]
     periods = [("hour", h) for h in hours]
-    # delta-rs tables list their own parquet files, so tasks read them with Arrow; a delta-spark
-    # table may hold deletion vectors its files alone do not show, so Spark reads it.
-    recompute = _recompute_arrow if isinstance(warehouse.table("packets"), RsTable) else _recompute_spark
-    totals = recompute(warehouse, keys)
-    warehouse.table("hourly").replace(totals.final, keys=keys, op="freeze")
-    stored = _arrow_sums(warehouse.table("hourly").read_arrow(keys=keys, columns=["hour", "bytes", "packets"]), "hour")
-    warehouse.table("panes").replace(totals.final_panes, keys=keys, op="freeze")
-    pane_sums = _arrow_sums(warehouse.table("panes").read_arrow(keys=keys, columns=["hour", "bytes", "packets"]),
+    # Only hours with rows cost work: an empty hour (no packets, no open rows or panes) has nothing to
+    # recompute, write or check but its ledger row, which is built and checked with the others below.
+    # A year of empty hours (one stray old record) closes at the cost of the hours with data.
+    busy = _keys_with_rows(warehouse, keys)
+    busy_keys = [k for k in keys if k in busy]
+    busy_periods = [p for p, k in zip(periods, keys) if k in busy]
+    if busy_keys:
+        # delta-rs tables list their own parquet files, so tasks read them with Arrow; a delta-spark
+        # table may hold deletion vectors its files alone do not show, so Spark reads it.
+        recompute = _recompute_arrow if isinstance(warehouse.table("packets"), RsTable) else _recompute_spark
+        totals = recompute(warehouse, busy_keys)
+        warehouse.table("hourly").replace(totals.final, keys=busy_keys, op="freeze")
+        warehouse.table("panes").replace(totals.final_panes, keys=busy_keys, op="freeze")
+    else:
+        totals = _Recomputed(None, None, {}, {}, None)
+    stored = _arrow_sums(warehouse.table("hourly").read_arrow(keys=busy_keys, columns=["hour", "bytes", "packets"]),
+                         "hour")
+    pane_sums = _arrow_sums(warehouse.table("panes").read_arrow(keys=busy_keys, columns=["hour", "bytes", "packets"]),
                             "hour")
 
     late = warehouse.table("late_packets").read_arrow(keys=keys, columns=["hour", "bytes"])
@@ -416,6 +433,7 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     late_kept = _late_kept(warehouse, hours)
     completeness = _completeness(warehouse, hours)
     history = st.watermark_history(warehouse)
+    clocks = st.read_clock_state(warehouse)
     rows = []
     for hour in hours:
         late_bytes, late_packets = late_totals.get(hour, (0, 0))
@@ -433,13 +451,16 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
             "source_bytes": source_bytes, "source_packets": source_packets,
             "late_kept_bytes": late_kept[hour], "rows_differing": totals.differing.get(hour, 0),
             "panes_bytes": pane_sums.get(hour, (0, 0))[0], "panes_packets": pane_sums.get(hour, (0, 0))[1],
+            "sources_ahead": ", ".join(clocks.ahead_when_closed(hour)) or None,
         })
-    check.validate("packets", totals.packets, periods, asset="packets.freeze",
-                   rows=sum(count for _, count in totals.raw.values()))
+    if busy_keys:
+        # The row suites check the hours that have rows; an empty hour is checked by its ledger row.
+        check.validate("packets", totals.packets, busy_periods, asset="packets.freeze",
+                       rows=sum(count for _, count in totals.raw.values()))
+        # The final rows and panes as stored (an Arrow freeze wrote them from its tasks).
+        check.validate("hourly", warehouse.table("hourly").read(keys=busy_keys), busy_periods, asset="hourly.freeze")
+        check.validate("panes", warehouse.table("panes").read(keys=busy_keys), busy_periods, asset="panes.freeze")
     _validate_side_tables(warehouse, check, keys, periods, "freeze")
-    # The final rows and panes as stored (an Arrow freeze wrote them from its tasks).
-    check.validate("hourly", warehouse.table("hourly").read(keys=keys), periods, asset="hourly.freeze")
-    check.validate("panes", warehouse.table("panes").read(keys=keys), periods, asset="panes.freeze")
     check.validate("periods", _ledger_frame(rows), periods, asset="periods.freeze")
     for frame in totals.cached:
         frame.unpersist()
@@ -451,6 +472,18 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     check.record()
     st.write_ledger_rows(warehouse, _store(rows), op="freeze")
     return failed
+
+
+def _keys_with_rows(warehouse: Warehouse, keys: list[str]) -> set[str]:
+    """The hour keys among ``keys`` with rows in ``packets``, ``hourly`` or ``panes`` (from the file lists
+    alone). A merged file spanning several hours (a restated range) counts for every key it may hold."""
+    wanted, found = set(keys), set()
+    for name in ("packets", "hourly", "panes"):
+        for f in warehouse.table(name).files(keys=keys):
+            if f.key not in wanted:
+                return wanted
+            found.add(f.key)
+    return found
 
 
 def _recompute_arrow(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
@@ -552,12 +585,16 @@ def _completeness(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime,
     for p in panes:
         by_pane.setdefault(p["pane_start"], set()).add(p["source"])
     result = {}
+    starts = sorted(by_pane)
     for hour in hours:
         reporting = set().union(*[by_pane.get(hour + PANE * i, set()) for i in range(12)])
         if settings.expected_sources:
             expected = set(settings.expected_sources)
         else:
-            expected = set().union(*[s for pane, s in by_pane.items() if hour + HOUR - DAY <= pane < hour + HOUR])
+            # The panes of the 24 hours ending at the hour's end (a slice of the sorted starts: a long
+            # run of hours costs per pane with data, not per hour times panes).
+            window = starts[bisect_left(starts, hour + HOUR - DAY):bisect_left(starts, hour + HOUR)]
+            expected = set().union(*[by_pane[pane] for pane in window])
         active = sum(1 for i in range(12) if expected <= by_pane.get(hour + PANE * i, set()))
         result[hour] = (len(reporting), len(expected), active)
     return result
@@ -623,7 +660,12 @@ def roll_up_days(warehouse: Warehouse, days: list[date], frozen_now=frozenset(),
         periods = [("hour", h) for h in recheck]
         keys = [cluster_key(h, "hour") for h in recheck]
         rows_of = hourly.where(F.col("hour").isin(recheck)) if len(recheck) < len(hours) else hourly
-        check.validate("hourly", rows_of, periods, asset="hourly.recheck")
+        # As when they were frozen: the row suite checks the hours that have rows, every hour its ledger row.
+        with_rows = {_utc_hour(h) for h in warehouse.table("hourly").read_arrow(keys=keys, columns=["hour"])
+                     .column("hour").to_pylist()}
+        row_periods = [p for p in periods if p[1] in with_rows]
+        if row_periods:
+            check.validate("hourly", rows_of, row_periods, asset="hourly.recheck")
         _validate_side_tables(warehouse, check, keys, periods, "days")
         final_sums = _arrow_sums(warehouse.table("hourly").read_arrow(
             keys=keys, columns=["hour", "bytes", "packets"], filter=pc.field("status") == "final"), "hour")

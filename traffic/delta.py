@@ -600,6 +600,7 @@ class RsTable(Table):
             done = dt.transaction_version(txn[0])
             if done is not None and done >= txn[1]:
                 return False
+        self._add_new_columns(dt)
         adds = self._stage(data) if data is not None else []
         new_keys = {a_key for _, a_key in adds}
         if isinstance(remove_keys, set) and not new_keys <= remove_keys:
@@ -627,6 +628,17 @@ class RsTable(Table):
         )
         self.warehouse.step(f"{self.name}.{op}.committed")
         return True
+
+    def _add_new_columns(self, dt) -> None:
+        """Columns added to ``schemas/<table>.json`` after the table was created join its Delta schema before a
+        write (nullable: rows written before read as null). Its own commit, so a rerun finds it done."""
+        from deltalake import Schema
+
+        have = {f.name for f in dt.schema().fields}
+        missing = [f for f in Schema.from_arrow(self.arrow_schema).fields if f.name not in have]
+        if missing:
+            dt.alter.add_columns(missing)
+            dt.update_incremental()
 
     def _rewrite_spans(self, spans: list[DataFile], keys: set) -> list[tuple[Any, str | None]]:
         """Write each merged file's rows outside ``keys`` to a new file of the same span; their add actions."""
@@ -920,7 +932,8 @@ class SparkDeltaTable(Table):
             done = self.txn_version(txn[0])
             if done is not None and done >= txn[1]:
                 return False
-        writer = self._frame(data).write.format("delta").mode(mode)
+        # Columns added to the schema after the table was created join it (nullable; older rows read as null).
+        writer = self._frame(data).write.format("delta").mode(mode).option("mergeSchema", "true")
         if where:
             writer = writer.option("replaceWhere", where)
         if txn is not None:

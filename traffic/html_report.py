@@ -21,6 +21,7 @@ from traffic import state as st
 from traffic.clock import next_month
 from traffic.delta import StorageError, Warehouse, cluster_key
 from traffic.quality import docs_pages, period_label, reports_dir
+from traffic.report import clock_warnings
 from traffic.settings import Settings
 
 UTC = timezone.utc
@@ -261,6 +262,9 @@ def render(warehouse: Warehouse, generated: datetime, top_last: timedelta = TOP_
         f'{_e(period_label("day", last["day"]) if last.get("day") else "-")}, month '
         f'{_e(period_label("month", last["month"]) if last.get("month") else "-")} · generated '
         f'{generated:%Y-%m-%d %H:%M} UTC</div></header><main>')
+    warnings = clock_warnings(warehouse.settings, state, ledger, data["open"])
+    if warnings:
+        out.append('<p class="note" id="clock-warnings">' + "<br>".join(f"⚠ {_e(w)}" for w in warnings) + '</p>')
     total = sum(b for _, (b, _) in months)
     out.append('<div class="cards">'
                f'<div class="card"><b data-bytes="{total}">{_e(human_bytes(total))}</b><span>in closed months</span></div>'

@@ -8,10 +8,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic import state as st
+from traffic.clock import FIRST_HOUR_GAP, HOUR, ClockState, first_hour_gap
 from traffic.delta import StorageError, Warehouse
 from traffic.inbox import Journal
 from traffic.schemas import TABLES
 from traffic.settings import Settings, _parse_now
+from traffic.text import printable
 
 UTC = timezone.utc
 
@@ -36,17 +38,44 @@ def status(settings: Settings) -> dict:
     open_hours = warehouse.table("hourly").read_arrow(columns=["hour", "status"],
                                                       filter=pc.field("status") == "open")
     pending = Journal(warehouse.root / "_traffic").load() if (warehouse.root / "_traffic").exists() else None
+    open_starts = {h.astimezone(UTC) for h in open_hours.column("hour").to_pylist()}
     return {
         "watermark": state.watermark,
         "first_hour": state.first_hour,
         "clocks": dict(state.clocks),
         "live_sources": sorted(state.live_sources(settings.source_timeout)),
+        "far_ahead": state.far_ahead(settings.source_timeout),
+        "warnings": clock_warnings(settings, state, ledger, open_starts),
         "open_hours": sorted({h.astimezone(UTC).strftime("%Y-%m-%d %H:00")
                               for h in open_hours.column("hour").to_pylist()}),
         "last_closed": last,
         "pending_batch": pending["batch_id"] if pending else None,
         "versions": {name: warehouse.table(name).version() for name in TABLES},
     }
+
+
+def clock_warnings(settings: Settings, state: ClockState, ledger: list[dict], open_hours) -> list[str]:
+    """One line per thing about the clocks an operator should look at: a source far ahead of the others
+    (its clock, or theirs, is wrong), and a first hour far before the data after it (a stray old record)."""
+    notes = [f"source {source}'s clock is {_span(gap)} ahead of every other live source's (more than "
+             f"source_timeout {_span(settings.source_timeout)}): a wrong exporter clock? the hours closed "
+             "meanwhile are flagged" for source, gap in sorted(state.far_ahead(settings.source_timeout).items())]
+    data_hours = {r["period_start"] for r in ledger if r["grain"] == "hour" and r["packets"]} | set(open_hours)
+    gap = first_hour_gap(state.first_hour, data_hours, state.newest())
+    if gap is not None:
+        notes.append(f"first hour {state.first_hour:%Y-%m-%d %H:00} is {_span(gap)} before the next hour with data, "
+                     f"{int(gap / HOUR) - 1:,} empty hours between, each closed and in the ledger: a stray old "
+                     f"record? (warned beyond {_span(FIRST_HOUR_GAP)})")
+    return notes
+
+
+def _span(value) -> str:
+    """``2 h``, ``300 d 1 h``: a duration as a person says it."""
+    days, rest = divmod(int(value.total_seconds()), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    parts = [f"{days} d" if days else "", f"{hours} h" if hours else "", f"{minutes} min" if minutes else ""]
+    return " ".join(p for p in parts if p) or f"{value.total_seconds():g} s"
 
 
 _VIEWS = {
@@ -106,7 +135,7 @@ def format_table(table: pa.Table) -> str:
                                                        else "%Y-%m-%d %H:%M:%S.%f")
             elif isinstance(value, int):
                 value = f"{value:,}"
-            cells.append("" if value is None else str(value)[:60])
+            cells.append("" if value is None else printable(str(value))[:60])  # a stored name may hold control characters
         body.append(cells)
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(header)]
     numeric = [all(c.replace(",", "").isdigit() for c in (r[i] for r in body) if c) and body for i in range(len(header))]

@@ -6,6 +6,7 @@ These are tiny (a row per source, per batch, per closed period), so they never n
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ import pyarrow.compute as pc
 
 from traffic.clock import HOUR, ClockState, month_start
 from traffic.delta import Warehouse, cluster_key
+from traffic.schemas import arrow_schema
 
 UTC = timezone.utc
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -50,6 +52,10 @@ def read_clock_state(warehouse: Warehouse) -> ClockState:
         last_batch={r["source"]: r["last_batch_id"] for r in clocks},
         watermark=clocks[0]["watermark"],
         first_hour=clocks[0]["first_hour"],
+        # Written before marks existed: no mark (ClockState uses the source's own clock).
+        seen_at={r["source"]: r["last_seen_at"] for r in clocks if r.get("last_seen_at") is not None},
+        ahead={r["source"]: tuple((_utc(s["after"]), _utc(s["upto"])) for s in r["ahead_spans"])
+               for r in clocks if r.get("ahead_spans")},
     )
 
 
@@ -62,26 +68,39 @@ def clock_table(state: ClockState) -> pa.Table:
             "last_batch_id": [state.last_batch.get(s) for s in sources],
             "watermark": [state.watermark] * len(sources),
             "first_hour": [state.first_hour] * len(sources),
-        }
+            "last_seen_at": [state.last_seen_at(s) for s in sources],
+            "ahead_spans": [[{"after": a, "upto": u} for a, u in state.ahead.get(s, ())] or None for s in sources],
+        },
+        schema=arrow_schema("clocks"),
     )
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
 
 
 def state_to_json(state: ClockState) -> dict:
     return {
         "clocks": {s: c.isoformat() for s, c in state.clocks.items()},
         "last_batch": dict(state.last_batch),
-        "watermark": state.watermark.isoformat() if state.watermark else None,
-        "first_hour": state.first_hour.isoformat() if state.first_hour else None,
+        "watermark": _iso(state.watermark),
+        "first_hour": _iso(state.first_hour),
+        "seen_at": {s: c.isoformat() for s, c in state.seen_at.items()},
+        "ahead": {s: [[_iso(a), _iso(u)] for a, u in spans] for s, spans in state.ahead.items()},
     }
 
 
 def state_from_json(doc: dict) -> ClockState:
+    """The state a batch plan recorded (a plan written before marks existed has none: see ``read_clock_state``)."""
     parse = datetime.fromisoformat
     return ClockState(
         clocks={s: parse(c) for s, c in doc["clocks"].items()},
         last_batch={s: int(b) for s, b in doc["last_batch"].items()},
         watermark=parse(doc["watermark"]) if doc["watermark"] else None,
         first_hour=parse(doc["first_hour"]) if doc["first_hour"] else None,
+        seen_at={s: parse(c) for s, c in doc.get("seen_at", {}).items()},
+        ahead={s: tuple((parse(a) if a else None, parse(u)) for a, u in spans)
+               for s, spans in doc.get("ahead", {}).items()},
     )
 
 
@@ -111,11 +130,10 @@ def watermark_history(warehouse: Warehouse) -> list[tuple[int, datetime]]:
 
 
 def closed_at(history: list[tuple[int, datetime]], period_end: datetime) -> datetime | None:
-    """The watermark of the first batch that reached ``period_end``."""
-    for _, watermark in history:
-        if watermark >= period_end:
-            return watermark
-    return None
+    """The watermark of the first batch that reached ``period_end`` (``history`` in batch order: W never
+    moves back, so it is sorted by watermark too and a binary search finds it)."""
+    index = bisect_left(history, period_end, key=lambda pair: pair[1])
+    return history[index][1] if index < len(history) else None
 
 
 def frozen_frontier(ledger: list[dict]) -> datetime | None:

@@ -31,11 +31,12 @@ WINDOW = timedelta(hours=6)
 
 
 @st.composite
-def record(draw, batch: int):
-    """A record of batch ``batch``: mostly in its 6-hour window, some up to 3 hours before it (stragglers)."""
+def record(draw, batch: int, skew: timedelta = timedelta(0)):
+    """A record of batch ``batch``: mostly in its 6-hour window, some up to 3 hours before it (stragglers);
+    ``skew``: its exporter's clock is that far ahead."""
     kind = draw(st.sampled_from(["packet"] * 8 + ["tick", "tick", "bad", "future", "ancient"]))
     offset = timedelta(minutes=draw(st.integers(-180, 6 * 60)), microseconds=draw(st.integers(0, 999_999)))
-    ts = BASE + WINDOW * batch + offset
+    ts = BASE + WINDOW * batch + offset + skew
     if kind == "tick":
         return tick_line(ts)
     if kind == "bad":
@@ -54,28 +55,32 @@ def record(draw, batch: int):
 def stream(draw):
     """Batches of files per source, roughly moving forward in time with random stragglers."""
     n_batches = draw(st.integers(3, 6))
+    # b's exporter clock may run hours ahead of a's (issue 20 item 8): a must stay live while it delivers.
+    skew = {"a": timedelta(0), "b": draw(st.sampled_from([timedelta(0), timedelta(hours=8)]))}
     batches = []
     for index in range(n_batches):
         files = []
         for source in draw(st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=2, unique=True)):
-            lines = draw(st.lists(record(index), min_size=1, max_size=25))
+            lines = draw(st.lists(record(index, skew[source]), min_size=1, max_size=25))
             files.append((source, "\n".join(lines) + "\n"))
         batches.append((files, draw(st.booleans())))
     lateness = draw(st.sampled_from([0, 600]))
     keep = draw(st.sampled_from([2, 24]))
-    return batches, lateness, keep
+    # 0: hours are judged without the pane count, so a source far ahead (or missing) is what flags one.
+    min_panes = draw(st.sampled_from([12, 0]))
+    return batches, lateness, keep, min_panes
 
 
 @pytest.mark.slow
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(stream())
 def test_pipeline_equals_reference_model(spark, data):
-    batches, lateness, keep = data
+    batches, lateness, keep, min_panes = data
     model = ReferenceModel(ModelSettings(keep_hours=keep, allowed_lateness=timedelta(seconds=lateness),
-                                         max_history=timedelta(days=30)))
+                                         max_history=timedelta(days=30), completeness_min_panes=min_panes))
     with tempfile.TemporaryDirectory() as tmp:
         harness = Harness(Path(tmp), spark, keep_hours=keep, allowed_lateness=lateness, max_history="30d",
-                          now=NOW.isoformat())
+                          now=NOW.isoformat(), completeness_min_panes=min_panes)
         finals: dict = {}
         for files, close_now in batches:
             for source, text in files:

@@ -37,7 +37,7 @@ MAX_BYTES = {4: 65_535, 6: 4_294_967_295 + 40}
 _DECIMAL = re.compile(r"[0-9]+")
 
 TIMESTAMP_COLUMNS = frozenset(
-    {"ts", "hour", "pane_start", "period_start", "closed_at_watermark", "clock",
+    {"ts", "hour", "pane_start", "period_start", "closed_at_watermark", "clock", "last_seen_at",
      "watermark_before", "watermark_after"}
 )
 DATE_COLUMNS = frozenset({"day", "month"})
@@ -135,10 +135,14 @@ def _decimal(text: str, upper: int) -> int | None:
 
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a record stores: no zone id; an IPv4-mapped IPv6 address is its IPv4 address."""
     try:
-        return ipaddress.ip_address(text)
+        address = ipaddress.ip_address(text)
     except ValueError:
         return None
+    if address.version == 6 and address.scope_id is not None:
+        return None
+    return (address.ipv4_mapped or address) if address.version == 6 else address
 
 
 def parse_router_feed_line(line: str) -> ParsedRecord:
@@ -203,7 +207,7 @@ class ReferenceModel:
         self._accounted: set[tuple[str, str]] = set()  # (source, sha256) of files counted
         self._last_batch_id = 0
         self._watermark: int | None = None
-        self._clocks: dict[str, dict] = {}  # source -> {"clock", "last_batch_id"}
+        self._clocks: dict[str, dict] = {}  # source -> {"clock", "last_batch_id", "last_seen_at"}
         self._batches: list[dict] = []
         self._packets: list[dict] = []
         self._late_packets: list[dict] = []
@@ -316,17 +320,29 @@ class ReferenceModel:
             clock["clock"] = max(clock["clock"], rec.ts)
             clock["last_batch_id"] = batch_id
 
+        ahead: list[str] = []
         if self._clocks:
+            # A source's "last seen at" mark: the largest clock of any source after the last batch in
+            # which it delivered a record. It is stalled once the largest clock has moved more than
+            # source_timeout past its mark; a source delivering in every batch never is.
             newest = max(c["clock"] for c in self._clocks.values())
-            live = [c["clock"] for c in self._clocks.values() if c["clock"] >= newest - self._timeout]
-            candidate = min(live) - self._lateness
+            for clock in self._clocks.values():
+                if clock["last_batch_id"] == batch_id:
+                    clock["last_seen_at"] = newest
+            live = {source: c["clock"] for source, c in self._clocks.items()
+                    if newest - c["last_seen_at"] <= self._timeout}
+            candidate = min(live.values()) - self._lateness
             self._watermark = candidate if w_before is None else max(w_before, candidate)
+            # Far ahead: more than source_timeout ahead of every other live source.
+            ahead = [source for source, clock in live.items()
+                     if len(live) > 1 and all(clock - other > self._timeout
+                                              for name, other in live.items() if name != source)]
 
         for row in self._rejects:
             if row["batch_id"] == batch_id:
                 row["_watermark"] = self._watermark
         self._batches.append(dict(batch_id=batch_id, **counts, duplicate_files=duplicates,
-                                  watermark_before=w_before, watermark_after=self._watermark))
+                                  watermark_before=w_before, watermark_after=self._watermark, _ahead=ahead))
 
     def _pane(self, source: str, ts: int) -> dict:
         return self._panes.setdefault((source, floor_to(ts, PANE)), dict(packets=0, bytes=0, ticks=0))
@@ -366,11 +382,13 @@ class ReferenceModel:
         self._final_hourly.update(final)
         reporting, expected, panes_active = self._hour_completeness(hour)
         complete = panes_active >= self.settings.completeness_min_panes and reporting >= expected
+        # A source far ahead of the others after the batch that closed the hour: a warning too.
+        flagged = bool(self._closing_batch(hour + HOUR)["_ahead"])
         self._periods[("hour", hour)] = dict(
             bytes=sum(v[0] for v in final.values()), packets=sum(v[1] for v in final.values()),
             sources_reporting=reporting, sources_expected=expected, panes_active=panes_active,
             closed_at_watermark=self._closed_at(hour + HOUR),
-            dq_status="passed" if complete else "warning",
+            dq_status="passed" if complete and not flagged else "warning",
         )
 
     def _hour_completeness(self, hour: int) -> tuple[int, int, int]:
@@ -386,10 +404,13 @@ class ReferenceModel:
         )
         return len(reporting), len(expected), active
 
+    def _closing_batch(self, end: int) -> dict:
+        """The first batch whose watermark reached ``end``."""
+        return next(b for b in self._batches if b["watermark_after"] is not None and b["watermark_after"] >= end)
+
     def _closed_at(self, end: int) -> int:
         """watermark_after of the first batch whose watermark reached ``end``."""
-        return next(b["watermark_after"] for b in self._batches
-                    if b["watermark_after"] is not None and b["watermark_after"] >= end)
+        return self._closing_batch(end)["watermark_after"]
 
     def _roll_up_days(self, limit: int | None) -> None:
         day = floor_to(self._first_hour, DAY) if self._rolled_days_until is None else self._rolled_days_until
@@ -495,7 +516,7 @@ class ReferenceModel:
             source_panes=[dict(source=source, pane_start=pane, **counts)
                           for (source, pane), counts in self._panes.items()],
             clocks=[dict(source=source, **clock) for source, clock in self._clocks.items()],
-            batches=[dict(b) for b in self._batches],
+            batches=[{k: v for k, v in b.items() if not k.startswith("_")} for b in self._batches],
         )
         return {name: sorted((_typed(row) for row in rows), key=_sort_key) for name, rows in tables.items()}
 

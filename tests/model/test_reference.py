@@ -121,8 +121,12 @@ def test_readable_lines_parse_to_canonical_values():
     assert parse_router_feed_line("new,OP_INSERT,0,2001:DB8:0:0::1,FE80::A,0,65535,4294967335") == \
         ParsedRecord("packet", ts=0, local_ip="2001:db8::1", remote_ip="fe80::a",
                      local_port=0, remote_port=65535, bytes=4294967335)
-    # An IPv4-mapped IPv6 address is IPv6: mixing it with IPv4 is a reject.
-    assert parse_router_feed_line("new,OP_INSERT,0,10.0.0.1,::ffff:1.2.3.4,0,0,0").kind == "reject"
+    # An IPv4-mapped IPv6 address is stored as its IPv4 address (issue 20), so it pairs with IPv4 and is
+    # held to the IPv4 bound; an address with a zone id is no stored address at all.
+    assert parse_router_feed_line("new,OP_INSERT,0,10.0.0.1,::ffff:1.2.3.4,0,0,0") == ParsedRecord(
+        "packet", ts=0, local_ip="10.0.0.1", remote_ip="1.2.3.4", local_port=0, remote_port=0, bytes=0)
+    assert parse_router_feed_line("new,OP_INSERT,0,10.0.0.1,::ffff:1.2.3.4,0,0,65536").kind == "reject"
+    assert parse_router_feed_line("new,OP_INSERT,0,fe80::1%eth0,fe80::2,0,0,0").kind == "reject"
     assert parse_router_feed_line("new,OP_INSERT,5,10.0.0.1,192.0.2.1,1,2,65535") == \
         ParsedRecord("packet", ts=5, local_ip="10.0.0.1", remote_ip="192.0.2.1",
                      local_port=1, remote_port=2, bytes=65535)
@@ -158,8 +162,8 @@ def test_batch_ids_duplicates_and_rejects():
         dict(batch_id=1, source="a", input_file=None, record="garbage"),
         dict(batch_id=1, source="b", input_file=None, record="garbage"),
     ]
-    assert tables["clocks"] == [dict(source="a", clock=w, last_batch_id=1),
-                                dict(source="b", clock=w, last_batch_id=1)]
+    assert tables["clocks"] == [dict(source="a", clock=w, last_batch_id=1, last_seen_at=w),
+                                dict(source="b", clock=w, last_batch_id=1, last_seen_at=w)]
 
 
 # --------------------------------------------------------------------------- clocks and W
@@ -181,8 +185,9 @@ def test_watermark_never_moves_back():
         batch_row(4, w1, w1, records_read=1, ticks=1),
         batch_row(5, w1, w2, records_read=1, ticks=1),
     ]
-    assert tables["clocks"] == [dict(source="a", clock=at("2024-01-10T11:00"), last_batch_id=5),
-                                dict(source="b", clock=w2, last_batch_id=4)]
+    assert tables["clocks"] == [
+        dict(source="a", clock=at("2024-01-10T11:00"), last_batch_id=5, last_seen_at=at("2024-01-10T11:00")),
+        dict(source="b", clock=w2, last_batch_id=4, last_seen_at=w2)]
     assert model.watermark == w2
 
 
@@ -240,12 +245,56 @@ def test_stalled_source_stops_holding_back_the_watermark():
                                 hourly_row(hour, 200, 1, "final", local="10.0.0.2")]
 
 
-def test_a_source_exactly_source_timeout_behind_is_still_live():
+def test_a_source_exactly_source_timeout_past_its_mark_is_still_live():
     model = ReferenceModel(ModelSettings())
     model.ingest([("a", feed(tick(at("2024-01-10T10:00")))), ("b", feed(tick(at("2024-01-10T09:00"))))], NOW)
+    # b delivered in this batch: its mark is the largest clock (10:00), so it is live however far behind.
     assert model.watermark == at("2024-01-10T09:00")
-    model.ingest([("a", feed(tick(at("2024-01-10T10:00:00.000001"))))], NOW)
-    assert model.watermark == at("2024-01-10T10:00:00.000001")
+    model.ingest([("a", feed(tick(at("2024-01-10T11:00"))))], NOW)  # exactly source_timeout past b's mark
+    assert model.watermark == at("2024-01-10T09:00")
+    model.ingest([("a", feed(tick(at("2024-01-10T11:00:00.000001"))))], NOW)
+    assert model.watermark == at("2024-01-10T11:00:00.000001")
+
+
+def test_a_source_far_behind_but_delivering_is_never_stalled_and_the_one_ahead_is_flagged():
+    """Issue 20 item 8: b's exporter clock is two hours ahead; a keeps delivering and stays on time."""
+    model = ReferenceModel(ModelSettings(completeness_min_panes=0))  # the far-ahead warning alone
+    model.ingest([("a", feed(packet(at("2024-01-10T10:05")))), ("b", feed(packet(at("2024-01-10T12:05"))))], NOW)
+    assert model.watermark == at("2024-01-10T10:05")
+    model.ingest([("a", feed(packet(at("2024-01-10T10:40"), size=7), packet(at("2024-01-10T11:10"), size=8))),
+                  ("b", feed(packet(at("2024-01-10T13:10"), size=9)))], NOW)
+    tables = model.tables()
+    assert tables["batches"][1] == batch_row(2, at("2024-01-10T10:05"), at("2024-01-10T11:10"), records_read=3,
+                                             packets_on_time=3, bytes_on_time=24)
+    assert tables["late_packets"] == []
+    model.close()
+    # Hour 10 was closed by batch 2, after which b was still two hours ahead of a: a warning, though
+    # the hour is complete (b's panes are all in its future, so only a is expected).
+    assert ledger(model, "hour") == [dict(
+        period_row("hour", at("2024-01-10T10:00"), 107, 2, at("2024-01-10T11:10"), reporting=1, expected=1,
+                   panes=2), dq_status="warning")]
+    # b's exporter is fixed: its clock stops, a catches up to one hour behind (not more than
+    # source_timeout), and hour 11 closes with nobody far ahead.
+    model.ingest([("a", feed(packet(at("2024-01-10T12:20"), size=1))), ("b", feed(tick(at("2024-01-10T13:20"))))],
+                 NOW)
+    model.close()
+    assert [(h["period_start"], h["dq_status"]) for h in ledger(model, "hour")] == [
+        (at("2024-01-10T10:00"), "warning"), (at("2024-01-10T11:00"), "passed")]
+
+
+def test_a_source_absent_from_deliveries_stalls_once_the_others_move_on():
+    model = ReferenceModel(ModelSettings())
+    model.ingest([("a", feed(tick(at("2024-01-10T10:00")))), ("b", feed(tick(at("2024-01-10T10:30"))))], NOW)
+    # b stops delivering. Its mark is the largest clock when it last delivered (its own 10:30): it
+    # holds W back until the others have moved source_timeout past that mark, not a moment longer.
+    for minute in (40, 70, 90):
+        model.ingest([("a", feed(tick(at("2024-01-10T10:00") + timedelta(minutes=minute))))], NOW)
+    assert model.watermark == at("2024-01-10T10:30")  # b (10:30, last seen at 10:30) is live until 11:30
+    model.ingest([("a", feed(tick(at("2024-01-10T11:31"))))], NOW)
+    assert model.watermark == at("2024-01-10T11:31")  # more than source_timeout past b's mark: stalled
+    clocks = {r["source"]: r for r in model.tables()["clocks"]}
+    assert clocks["b"]["last_seen_at"] == at("2024-01-10T10:30")
+    assert clocks["a"]["last_seen_at"] == at("2024-01-10T11:31")
 
 
 def test_expected_sources_setting_counts_a_silent_source():
@@ -292,7 +341,8 @@ def test_late_packet_goes_to_late_packets_and_grows_only_the_frozen_hours_late_c
 def test_first_day_covers_only_hours_from_the_first_hour():
     model = ReferenceModel(ModelSettings())
     # t ticks once at 08:00 and stalls; a's tick starts no hour, its 11:30 packet is already late.
-    model.ingest([("t", feed(tick(at("2024-01-10T08:00")))), ("a", feed(tick(at("2024-01-10T12:00"))))], NOW)
+    model.ingest([("t", feed(tick(at("2024-01-10T08:00"))))], NOW)
+    model.ingest([("a", feed(tick(at("2024-01-10T12:00"))))], NOW)  # 4 h past t's last-seen-at mark
     model.ingest([("a", feed(packet(at("2024-01-10T11:30"), size=9), packet(at("2024-01-10T12:10"), size=40)))], NOW)
     model.ingest([("a", feed(tick(at("2024-01-11T00:00"))))], NOW)
     model.close()
@@ -311,14 +361,15 @@ def test_first_day_covers_only_hours_from_the_first_hour():
         "hour", at("2024-01-10T12:00"), 40, 1, midnight, reporting=1, expected=2, panes=0,
         late_bytes=4, late_packets=1)
     assert [h["period_start"].hour for h in ledger(model, "hour")] == list(range(12, 24))
-    assert tables["batches"][-1] == batch_row(4, midnight, midnight, records_read=3, packets_late=2,
+    assert tables["batches"][-1] == batch_row(5, midnight, midnight, records_read=3, packets_late=2,
                                               ticks=1, bytes_late=9)
     # The late tick moved nothing: no pane, and a's clock was already later.
     assert [(p["source"], p["pane_start"]) for p in tables["source_panes"]] == [
         ("a", at("2024-01-10T12:00")), ("a", at("2024-01-10T12:10")), ("a", midnight),
         ("t", at("2024-01-10T08:00"))]
-    assert tables["clocks"] == [dict(source="a", clock=midnight, last_batch_id=4),
-                                dict(source="t", clock=at("2024-01-10T08:00"), last_batch_id=1)]
+    assert tables["clocks"] == [dict(source="a", clock=midnight, last_batch_id=5, last_seen_at=midnight),
+                                dict(source="t", clock=at("2024-01-10T08:00"), last_batch_id=1,
+                                     last_seen_at=at("2024-01-10T08:00"))]
     assert sum(r["bytes"] for r in tables["hourly"]) + sum(r["bytes"] for r in tables["late_packets"]) == 58
 
 
@@ -330,7 +381,8 @@ def test_ticks_advance_clocks_but_are_not_packets_and_do_not_start_the_first_hou
     tables = model.tables()
     assert model.watermark == at("2024-01-10T09:07")
     assert tables["batches"] == [batch_row(1, None, at("2024-01-10T09:07"), records_read=3, ticks=3)]
-    assert tables["clocks"] == [dict(source="r1", clock=at("2024-01-10T09:07"), last_batch_id=1)]
+    assert tables["clocks"] == [dict(source="r1", clock=at("2024-01-10T09:07"), last_batch_id=1,
+                                     last_seen_at=at("2024-01-10T09:07"))]
     assert tables["source_panes"] == [
         dict(source="r1", pane_start=at("2024-01-10T08:00"), packets=0, bytes=0, ticks=2),
         dict(source="r1", pane_start=at("2024-01-10T09:05"), packets=0, bytes=0, ticks=1),
@@ -445,7 +497,7 @@ def test_sanity_bounds_reject_records_and_never_move_clocks():
         dict(batch_id=1, source="a", input_file=None, record=lines[3]),  # rows sort by record
         dict(batch_id=1, source="a", input_file=None, record=lines[1]),
     ]
-    assert tables["clocks"] == [dict(source="a", clock=newest, last_batch_id=1)]
+    assert tables["clocks"] == [dict(source="a", clock=newest, last_batch_id=1, last_seen_at=newest)]
     assert tables["batches"] == [batch_row(1, None, newest, records_read=4, packets_on_time=1,
                                            records_rejected=2, ticks=1, bytes_on_time=100)]
 
