@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/captures.py --packets 2000000 [--out docs/benchmarks-captures.md]
 
-Times (1) ``traffic.captures.parse_capture`` alone, (2) the in-session Spark ingest of the
+Times (1) ``traffic.io.captures.parse_capture`` alone, (2) the in-session Spark ingest of the
 file into ``packets``, (3) ``tshark -q -z conv,ip`` on the same file (the peer the
 performance issue names) and (4) tshark's per-packet fields, and checks that per
 (local, remote) pair packet and byte totals are identical to tshark's per-packet fields.
@@ -79,7 +79,7 @@ def orient(src: str, dst: str, size: int, totals: dict) -> None:
 
 def pair_totals(settings) -> dict:
     """Per (local, remote) [packets, bytes] of the warehouse's ``packets`` table, as tshark's are counted."""
-    from traffic.delta import Warehouse
+    from traffic.storage.delta import Warehouse
 
     packets = Warehouse(settings, engine="rs").table("packets").read_arrow(columns=["local_ip", "remote_ip", "bytes"])
     totals: dict = {}
@@ -128,10 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         print("tshark is required (apt-get install -y tshark)", file=sys.stderr)
         return 2
     os.environ["TZ"] = "UTC"
-    from traffic.captures import parse_capture
-    from traffic.ingest import ingest
-    from traffic.settings import load_settings
-    from traffic.spark import build_spark
+    from traffic.io.captures import parse_capture
+    from traffic.app.runs import ingest
+    from traffic.core.settings import load_settings
+    from traffic.runtime.spark import build_spark
 
     work = Path(tempfile.mkdtemp(prefix="traffic-bench-cap-"))
     try:

@@ -166,10 +166,10 @@ class Progress:
 
 
 def run_size(n: int, args, base: Path, session: dict) -> dict:
-    from traffic.close import close
-    from traffic.ingest import ingest
-    from traffic.settings import load_settings
-    from traffic.spark import build_spark
+    from traffic.app.runs import close
+    from traffic.app.runs import ingest
+    from traffic.core.settings import load_settings
+    from traffic.runtime.spark import build_spark
 
     r: dict = {"packets": n, "load_before": uptime(), "date": dt.datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                "command": args.command_line, "commit": args.commit}
@@ -366,8 +366,8 @@ def write_doc(path: Path, info: dict, results: list[dict], failures: list[str]) 
         *commands,
         "```",
         "",
-        "Per size: ONE process, ONE SparkSession (`traffic.spark.build_spark`, timed apart, started once and "
-        "reused by later sizes) running `traffic.ingest.ingest` then `traffic.close.close` with "
+        "Per size: ONE process, ONE SparkSession (`traffic.runtime.spark.build_spark`, timed apart, started once and "
+        "reused by later sizes) running `traffic.accounting.ingest.ingest` then `traffic.accounting.close.close` with "
         "`load_settings(environ={}, overrides={warehouse, inbox, now})`; the phase times are the `seconds` "
         "dicts those return, and *plan* rows are wall time minus those phases. Then the same inbox (fresh copy, "
         "fresh warehouse) through `traffic run --warehouse W --inbox I --set now=…` as a separate process.",

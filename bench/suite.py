@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import run as feeds  # noqa: E402  (bench/run.py: the feed generator, checks and machine facts)
 
-from traffic.peakmem import PeakMemory  # noqa: E402
+from traffic.runtime.peakmem import PeakMemory  # noqa: E402
 
 UTC = dt.timezone.utc
 GiB = 2**30
@@ -95,7 +95,7 @@ def where(warehouse: Path, inbox: Path, now: dt.datetime | None = None) -> list[
 
 
 def settings_for(warehouse: Path, inbox: Path, now: dt.datetime, **more):
-    from traffic.settings import load_settings
+    from traffic.core.settings import load_settings
 
     return load_settings(environ={}, overrides={"warehouse": str(warehouse), "inbox": str(inbox),
                                                 "now": now.isoformat(), **more})
@@ -123,9 +123,9 @@ class Bench:
         batch so JIT and workers are hot: two files, so both cores' Python workers start and import the
         task code (with one file, the second worker started, cold, inside the first measured case)."""
         if self.spark is None:
-            from traffic.close import close
-            from traffic.ingest import ingest
-            from traffic.spark import build_spark
+            from traffic.app.runs import close
+            from traffic.app.runs import ingest
+            from traffic.runtime.spark import build_spark
 
             folder = self.work / "warm-up"
             (folder / "inbox" / "bench").mkdir(parents=True)
@@ -159,7 +159,7 @@ class Bench:
 
     # -- cases ----------------------------------------------------------------------------------
     def case_ingest(self) -> None:
-        from traffic.ingest import ingest
+        from traffic.app.runs import ingest
 
         path, gen = self.feed_10m()
         spark = self.session()
@@ -247,7 +247,7 @@ class Bench:
 
     def case_captures(self) -> None:
         import captures
-        from traffic.ingest import ingest
+        from traffic.app.runs import ingest
 
         spark = self.session()
         folder = self.work / "captures"
@@ -381,10 +381,10 @@ class Bench:
                   "| run | wall | Spark started | said |", "|---|---|---|---|", *rows, ""], *figures)
 
     def case_history(self) -> None:
-        from traffic.close import close
-        from traffic.delta import Warehouse
-        from traffic.ingest import ingest
-        from traffic.schemas import TABLES
+        from traffic.app.runs import close
+        from traffic.storage.delta import Warehouse
+        from traffic.app.runs import ingest
+        from traffic.storage.schemas import TABLES
 
         spark = self.session()
         days, per_day, tick_n = self.args.history_days, self.args.history_per_day, self.args.tick_n

@@ -48,7 +48,7 @@ WAIT_TIMEOUT = timedelta(hours=2)
 def _pass_settings(context) -> None:
     """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse);
     the quick-starting JVM unless TRAFFIC_SPARK_JIT says otherwise."""
-    from traffic.dag_support import prepare_spark_submit
+    from traffic.orchestration.dag_support import prepare_spark_submit
 
     prepare_spark_submit(context["task"], quick_by_default=True)
 
@@ -82,42 +82,42 @@ def traffic_hourly():
                  timeout=WAIT_TIMEOUT.total_seconds())
     def wait_for_watermark(data_interval_end=None) -> bool:
         """Has the watermark passed this interval's end? (Arrow only, no JVM.)"""
-        from traffic.dag_support import watermark_passed
+        from traffic.orchestration.dag_support import watermark_passed
 
         return watermark_passed(data_interval_end)
 
     @task.short_circuit(ignore_downstream_trigger_rules=False)
     def freeze_needed(data_interval_end=None) -> bool:
         """Already final? Then skip the freeze and let the later steps re-check."""
-        from traffic.dag_support import freeze_needed
+        from traffic.orchestration.dag_support import freeze_needed
 
         return freeze_needed(data_interval_end)
 
     @task.short_circuit(trigger_rule=TriggerRule.NONE_FAILED, ignore_downstream_trigger_rules=False)
     def day_closes(data_interval_end=None) -> bool:
         """Midnight UTC, or a closed day still waiting: otherwise the day roll-up is skipped."""
-        from traffic.dag_support import day_closes
+        from traffic.orchestration.dag_support import day_closes
 
         return day_closes(data_interval_end)
 
     @task.short_circuit(trigger_rule=TriggerRule.NONE_FAILED, ignore_downstream_trigger_rules=False)
     def month_closes(data_interval_end=None) -> bool:
         """First midnight of a month, or a closed month still waiting: otherwise skipped."""
-        from traffic.dag_support import month_closes
+        from traffic.orchestration.dag_support import month_closes
 
         return month_closes(data_interval_end)
 
     @task(trigger_rule=TriggerRule.NONE_FAILED)
     def expire(data_interval_end=None) -> dict:
         """Expire raw detail older than keep_hours (delta-rs only: no JVM in the worker)."""
-        from traffic.dag_support import expire_raw_detail
+        from traffic.orchestration.dag_support import expire_raw_detail
 
         return expire_raw_detail(data_interval_end)
 
     @task(trigger_rule=TriggerRule.NONE_FAILED)
     def publish_data_quality(data_interval_start=None, data_interval_end=None) -> dict:
         """Fail when any period this interval closes failed its checks; log the summary."""
-        from traffic.dag_support import publish_data_quality
+        from traffic.orchestration.dag_support import publish_data_quality
 
         return publish_data_quality(data_interval_start, data_interval_end)
 

@@ -35,7 +35,7 @@ def _every_minutes() -> int:
 def _pass_settings(context) -> None:
     """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse);
     the quick-starting JVM unless TRAFFIC_SPARK_JIT says otherwise."""
-    from traffic.dag_support import prepare_spark_submit
+    from traffic.orchestration.dag_support import prepare_spark_submit
 
     prepare_spark_submit(context["task"], quick_by_default=True)
 
@@ -55,7 +55,7 @@ def traffic_ingest():
     @task.short_circuit
     def inbox_has_new_files() -> bool:
         """Anything new in the inbox? Decided from the filesystem and the batches table, no JVM."""
-        from traffic.dag_support import inbox_has_new_files
+        from traffic.orchestration.dag_support import inbox_has_new_files
 
         return inbox_has_new_files()
 

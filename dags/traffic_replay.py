@@ -36,14 +36,14 @@ ROOT = Path(__file__).absolute().parent.parent
 def _pass_settings(context) -> None:
     """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse);
     the full JIT (big work) unless TRAFFIC_SPARK_JIT says otherwise."""
-    from traffic.dag_support import prepare_spark_submit
+    from traffic.orchestration.dag_support import prepare_spark_submit
 
     prepare_spark_submit(context["task"], quick_by_default=False)
 
 
 def _replay_args(params) -> list[str]:
     """Template macro: the form's values as `jobs/replay.py` arguments (optional ones only when given)."""
-    from traffic.dag_support import replay_arguments
+    from traffic.orchestration.dag_support import replay_arguments
 
     return replay_arguments(params)
 
@@ -79,7 +79,7 @@ def traffic_replay():
     @task
     def check_request(params=None) -> list[str]:
         """Validate the form (dates, folder, reason when restating) before any JVM starts."""
-        from traffic.dag_support import replay_arguments
+        from traffic.orchestration.dag_support import replay_arguments
 
         return replay_arguments(params)
 

@@ -11,7 +11,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     """Run ``traffic ingest`` with these arguments in this process's one SparkSession."""
-    from traffic.cli import main as cli
+    from traffic.app.cli import main as cli
 
     return cli(["ingest", *argv])
 

@@ -9,7 +9,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     """Run ``traffic run`` with these arguments in this process's one SparkSession."""
-    from traffic.cli import main as cli
+    from traffic.app.cli import main as cli
 
     return cli(["run", *argv])
 

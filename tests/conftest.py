@@ -13,8 +13,8 @@ os.environ.setdefault("TZ", "UTC")
 @pytest.fixture(scope="session")
 def spark():
     """``local[2]``, few shuffle partitions, UI off — built by the project's own builder."""
-    from traffic.settings import load_settings
-    from traffic.spark import build_spark
+    from traffic.core.settings import load_settings
+    from traffic.runtime.spark import build_spark
 
     session = build_spark(load_settings(environ={}, overrides={"shuffle_partitions": 2}), "traffic-tests")
     yield session

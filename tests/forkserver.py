@@ -16,7 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
-PRELOAD = ("traffic.cli", "traffic.ingest", "traffic.close", "traffic.quality", "traffic.spark",
+PRELOAD = ("traffic.app.cli", "traffic.accounting.ingest", "traffic.accounting.close", "traffic.quality.suites", "traffic.runtime.spark",
            "great_expectations", "pyspark.sql.connect.session", "pyspark.sql.connect.functions")
 
 
@@ -28,7 +28,7 @@ def _child(argv: list[str], env: dict[str, str], log: str) -> int:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
-        from traffic.cli import main
+        from traffic.app.cli import main
 
         code = main(argv)
     except SystemExit as stop:

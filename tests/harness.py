@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from traffic import state as st
-from traffic.close import close
-from traffic.delta import Warehouse
-from traffic.ingest import ingest
-from traffic.settings import load_settings
+from traffic.storage import state as st
+from traffic.app.runs import close
+from traffic.storage.delta import Warehouse
+from traffic.app.runs import ingest
+from traffic.core.settings import load_settings
 
 UTC = timezone.utc
 

@@ -144,7 +144,7 @@ def test_spark_tasks_submit_the_jobs_with_the_settings_passed_at_run_time(dagbag
 
 
 def test_spark_submit_env_passes_traffic_settings_and_the_venv_python():
-    from traffic.dag_support import spark_submit_env
+    from traffic.orchestration.dag_support import spark_submit_env
 
     env = spark_submit_env({"TRAFFIC_WAREHOUSE": "/w", "TRAFFIC_KEEP_HOURS": "2", "HOME": "/root", "PATH": "/usr/bin"})
     assert env["TRAFFIC_WAREHOUSE"] == "/w" and env["TRAFFIC_KEEP_HOURS"] == "2"
@@ -159,7 +159,7 @@ def test_spark_tasks_start_the_jvm_their_job_needs(dagbag, monkeypatch):
 
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-    from traffic.jvm import QUICK_FLAGS
+    from traffic.runtime.jvm import QUICK_FLAGS
 
     def java_options() -> dict[tuple[str, str], str]:
         seen = {}
@@ -261,8 +261,8 @@ def archive(tmp_path, monkeypatch):
 
 
 def test_replay_arguments_follow_the_form(archive):
-    from traffic.dag_support import replay_arguments
-    from traffic.settings import SettingsError
+    from traffic.orchestration.dag_support import replay_arguments
+    from traffic.core.settings import SettingsError
 
     form = {"from": "2026-11-19T22:00:00Z", "to": "2026-11-20T02:00:00+00:00", "input": str(archive),
             "source": None, "restate": False, "reason": None}

@@ -142,7 +142,7 @@ class Airflow:
     env: dict = field(repr=False, default_factory=dict)
 
     def settings(self):
-        from traffic.settings import load_settings
+        from traffic.core.settings import load_settings
 
         return load_settings(environ={k: v for k, v in self.env.items() if k.startswith("TRAFFIC_")})
 

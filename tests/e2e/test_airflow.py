@@ -20,8 +20,8 @@ import pytest
 
 from tests.e2e.conftest import ROOT, write_router_feed
 from tests.screenshots import publish_for_docs
-from traffic import state as st
-from traffic.delta import Warehouse
+from traffic.storage import state as st
+from traffic.storage.delta import Warehouse
 
 pytestmark = pytest.mark.slow
 

@@ -18,14 +18,14 @@ import pyarrow as pa
 import pytest
 
 from tests.harness import Harness, feed_line, tick_line
-from traffic import cli
-from traffic import state as st
-from traffic.accounts import load_accounts
-from traffic.bills import account_totals, compute_period, final_panes, store_bills
-from traffic.billing import BillingCycle
-from traffic.clock import hour_floor
-from traffic.close import CheckFailed
-from traffic.quality import accept
+from traffic.app import cli
+from traffic.storage import state as st
+from traffic.core.accounts import load_accounts
+from traffic.accounting.bills import account_totals, compute_period, final_panes, store_bills
+from traffic.core.billing import BillingCycle
+from traffic.core.periods import hour_floor
+from traffic.accounting.close import CheckFailed
+from traffic.quality.suites import accept
 
 UTC = timezone.utc
 PANE = timedelta(minutes=5)
@@ -297,13 +297,20 @@ def test_an_open_period_is_provisional_and_not_stored(run, capsys):
     assert "provisional: 1 of 720 hour(s) final; not stored" in capsys.readouterr().out
 
 
+def _bills_check(warehouse):
+    """What the close hands ``store_bills``: the check of the ``bills`` suite."""
+    from traffic.quality.suites import Validation
+
+    return lambda periods: Validation(warehouse, "bills", list(periods))
+
+
 def test_rerunning_gives_the_same_bills(run):
     harness, _, _ = run
     before = harness.table("bills")
     harness.close()  # nothing left to close: stored bills are not recomputed
     assert harness.table("bills") == before
     warehouse = harness.warehouse()
-    stored, failures, _ = store_bills(warehouse, [BillingCycle().period_for("2026-10")])
+    stored, failures, _ = store_bills(warehouse, [BillingCycle().period_for("2026-10")], _bills_check(warehouse))
     assert (stored, failures) == (["2026-10"], [])
     assert sorted(harness.table("bills"), key=lambda r: r["account"]) == \
         sorted(before, key=lambda r: r["account"])
@@ -326,7 +333,7 @@ def test_a_failed_hour_holds_its_period_back_until_it_is_accepted(run, spark, tm
     st.write_ledger_rows(warehouse, [{**row, "dq_status": "failed", "dq_note": "test: corrupt"}])
     warehouse.table("bills").delete_keys(["2026-10"])
     period = BillingCycle().period_for("2026-10")
-    assert store_bills(warehouse, [period]) == ([], [], None)
+    assert store_bills(warehouse, [period], _bills_check(warehouse)) == ([], [], None)
     assert _bill(copy, "--period", "2026-10") == 0
     assert "provisional: 39 of 40 hour(s) final; not stored" in capsys.readouterr().out
     accept(copy.settings, "2026-10-31T10:00Z", "checked by hand", "tester")

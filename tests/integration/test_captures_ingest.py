@@ -78,9 +78,9 @@ def _write(harness: Harness, source: str, name: str, data: bytes) -> None:
 def test_a_big_capture_is_split_between_tasks_and_counts_every_frame_once(spark, tmp_path):
     """A capture of two split pieces or more is decoded by one task per core; the tables hold exactly what
     one whole-file parse gives: every frame once, and the file's own problem (a cut last record) once."""
-    from traffic.inbox import MIN_SPLIT_BYTES
-    from traffic.ingest import ingest
-    from traffic.captures import parse_capture
+    from traffic.io.inbox import MIN_SPLIT_BYTES
+    from traffic.app.runs import ingest
+    from traffic.io.captures import parse_capture
 
     harness = Harness(tmp_path, spark, local_networks="10.1.0.0/16,2001:db8:1::/48")
     pattern = _frames()

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from tests import capture_factory as cf
-from traffic.captures import parse_capture
+from traffic.io.captures import parse_capture
 
 pytestmark = pytest.mark.slow
 

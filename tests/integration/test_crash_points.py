@@ -27,7 +27,7 @@ import pytest
 
 from tests.forkserver import ForkServer
 from tests.harness import Harness, feed_line, tick_line
-from traffic import delta
+from traffic.storage import delta
 
 UTC = timezone.utc
 T0 = datetime(2026, 10, 31, 22, tzinfo=UTC)
@@ -46,7 +46,7 @@ SCENARIO = ["ingest", "close", "ingest", "close"]
 
 
 def _snapshot(harness: Harness) -> dict:
-    from traffic.schemas import TABLES, columns
+    from traffic.storage.schemas import TABLES, columns
 
     # Wall-clock stamps differ by design; dq_results is an audit log of evaluations, and a rerun
     # evaluates again: compare its distinct evaluations without their run ids.
@@ -104,7 +104,7 @@ def _run_one(harness: Harness, index: int) -> None:
 
 @pytest.fixture(scope="module")
 def connect_server():
-    from traffic.connect import start_server
+    from traffic.runtime.connect import start_server
 
     server = start_server(shuffle_partitions=2)
     yield server
@@ -139,7 +139,7 @@ def _kill_and_rerun(spark, root: Path, scenario, point: str, index: int, master:
     if forks is not None:
         code, output = forks.run(command, env={"TZ": "UTC"})
     else:
-        completed = subprocess.run([sys.executable, "-m", "traffic.cli", *command], env={**os.environ, "TZ": "UTC"},
+        completed = subprocess.run([sys.executable, "-m", "traffic.app.cli", *command], env={**os.environ, "TZ": "UTC"},
                                    capture_output=True, text=True, timeout=300)
         code, output = completed.returncode, completed.stderr
     assert code == -signal.SIGKILL, f"{point}: exit {code}: {output[-2000:]}"

@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from traffic.delta import StorageError, Warehouse, choose_engine
-from traffic.settings import load_settings
+from traffic.storage.delta import StorageError, Warehouse, choose_engine
+from traffic.core.settings import load_settings
 
 UTC = timezone.utc
 JARS = os.environ.get("TRAFFIC_SPARK_JARS_DIR")
@@ -150,8 +150,8 @@ def test_rs_tables_checkpoint_every_few_commits_and_close_catches_up_older_ones(
 
     from deltalake import DeltaTable, Schema
 
-    from traffic.close import maintain
-    from traffic.delta import CHECKPOINT_EVERY
+    from traffic.accounting.close import maintain
+    from traffic.storage.delta import CHECKPOINT_EVERY
 
     settings = load_settings(environ={}, overrides={"warehouse": tmp_path / "w", "inbox": tmp_path / "in"})
     warehouse = Warehouse(settings, engine="rs")
@@ -289,7 +289,7 @@ def test_maintenance_gives_older_tables_todays_settings(tmp_path):
 
     from deltalake import DeltaTable, Schema
 
-    from traffic.delta import TABLE_CONFIGURATION
+    from traffic.storage.delta import TABLE_CONFIGURATION
 
     settings = load_settings(environ={}, overrides={"warehouse": tmp_path / "w", "inbox": tmp_path / "in"})
     warehouse = Warehouse(settings, engine="rs")

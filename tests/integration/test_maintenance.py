@@ -14,9 +14,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.harness import Harness, feed_line, tick_line
-from traffic import close as close_mod
-from traffic import delta
-from traffic.schemas import TABLES, columns
+from traffic.accounting import close as close_mod
+from traffic.storage import delta
+from traffic.storage.schemas import TABLES, columns
 
 UTC = timezone.utc
 T0 = datetime(2026, 10, 30, 20, tzinfo=UTC)

@@ -20,10 +20,12 @@ import pyarrow as pa
 import pytest
 
 from tests.harness import Harness, feed_line, tick_line
-from traffic import cli, quality
-from traffic import state as st
-from traffic.close import CheckFailed, close
-from traffic.delta import Warehouse
+from traffic.app import cli
+from traffic.quality import suites as quality
+from traffic.storage import state as st
+from traffic.accounting.close import CheckFailed
+from traffic.app.runs import close
+from traffic.storage.delta import Warehouse
 
 UTC = timezone.utc
 START = datetime(2026, 10, 31, 21, tzinfo=UTC)
@@ -264,8 +266,8 @@ def test_large_batches_are_validated_by_gx_spark_engine_with_the_same_verdict(st
 
 def test_rows_differing_counts_the_multiset_difference_both_ways(spark):
     """The freeze's built-in check: per hour, rows of either side without an equal row on the other."""
-    from traffic.close import _rows_differing
-    from traffic.freeze_tasks import rows_differing
+    from traffic.accounting.close import _rows_differing
+    from traffic.accounting.freeze_tasks import rows_differing
 
     schema = "hour timestamp, local_ip string, remote_ip string, bytes long, packets long, bytes_in long, bytes_out long"
     h1, h2, h3 = (datetime(2026, 10, 31, h, tzinfo=UTC) for h in (20, 21, 22))
@@ -297,8 +299,8 @@ def test_freeze_recomputes_the_same_with_arrow_tasks_as_with_spark(spark, tmp_pa
     """
     import pyarrow.parquet as pq
 
-    from traffic.close import _recompute_arrow, _recompute_spark
-    from traffic.delta import Staged, cluster_key
+    from traffic.accounting.close import _recompute_arrow, _recompute_spark
+    from traffic.storage.delta import Staged, cluster_key
 
     accounts = tmp_path / "accounts.toml"
     accounts.write_text('[[version]]\nname = "v1"\neffective_from = 2026-10-01\n'

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.harness import Harness, feed_line, tick_line
-from traffic.replay import replay
-from traffic.settings import SettingsError
+from traffic.app.runs import replay
+from traffic.core.settings import SettingsError
 
 UTC = timezone.utc
 D1 = datetime(2026, 10, 30, tzinfo=UTC)

@@ -21,10 +21,10 @@ import pytest
 
 from tests.harness import Harness
 from tests.screenshots import chromium_screenshot
-from traffic import demo
-from traffic.close import close
-from traffic.html_report import write_report
-from traffic.quality import period_label
+from traffic.app import demo
+from traffic.app.runs import close
+from traffic.reporting.html_report import write_report
+from traffic.quality.suites import period_label
 
 UTC = timezone.utc
 START = datetime(2026, 10, 31, 20, tzinfo=UTC)
@@ -185,7 +185,7 @@ def test_the_hours_chart_ends_with_the_open_hours_as_the_hourly_table_holds_them
     every open hour of ``hourly``, with its bytes."""
     import re
 
-    from traffic.html_report import STATUS_COLOURS
+    from traffic.reporting.html_report import STATUS_COLOURS
 
     harness, page, _ = run
     open_hours: dict[str, int] = defaultdict(int)

@@ -24,11 +24,11 @@ import pytest
 from tests.integration.test_report import Rows
 from tests.harness import Harness
 from tests.screenshots import chromium_screenshot
-from traffic import cli
-from traffic.bills import account_totals, bill_rows, compute_period, final_panes
-from traffic.billing import BillingCycle
-from traffic.html_bills import page_name
-from traffic.top import top_talkers
+from traffic.app import cli
+from traffic.accounting.bills import account_totals, bill_rows, compute_period, final_panes
+from traffic.core.billing import BillingCycle
+from traffic.reporting.html_bills import page_name
+from traffic.reporting.top import top_talkers
 
 UTC = timezone.utc
 PANE = timedelta(minutes=5)
@@ -232,7 +232,7 @@ def test_traffic_report_top_last_chooses_the_window(run, capsys):
 def test_a_later_report_reads_only_the_open_periods_panes_and_writes_the_same_pages(run, monkeypatch):
     """Stored bills' charts, the monthly totals and past days' final panes are kept in ``_reports/.cache``: a
     report after them reads none of those panes again, and its pages equal those made without the cache."""
-    from traffic import html_bills
+    from traffic.reporting import html_bills
 
     harness, reports = run
     warehouse = harness.warehouse()

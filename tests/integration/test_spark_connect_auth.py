@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from traffic.connect import address, client_url, read_record, record_path, recorded_server, with_token
-from traffic.settings import load_settings
-from traffic.spark import resolve_master
+from traffic.runtime.connect import address, client_url, read_record, record_path, recorded_server, with_token
+from traffic.core.settings import load_settings
+from traffic.runtime.spark import resolve_master
 
 CLIENT = """
 import sys

@@ -17,11 +17,11 @@ from datetime import date, datetime, timedelta, timezone
 import pytest
 
 from tests.harness import Harness
-from traffic.accounts import load_accounts
-from traffic.cli import main
-from traffic.clock import hour_floor
-from traffic.delta import RsTable, Warehouse
-from traffic.top import KEYS, TopError, top_talkers
+from traffic.core.accounts import load_accounts
+from traffic.app.cli import main
+from traffic.core.periods import hour_floor
+from traffic.storage.delta import RsTable, Warehouse
+from traffic.reporting.top import KEYS, TopError, top_talkers
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 3, 4, tzinfo=UTC)

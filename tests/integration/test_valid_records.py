@@ -18,8 +18,9 @@ import pytest
 
 from tests import capture_factory as cf
 from tests.harness import Harness, micros
-from traffic.close import CheckFailed, close
-from traffic.delta import Warehouse
+from traffic.accounting.close import CheckFailed
+from traffic.app.runs import close
+from traffic.storage.delta import Warehouse
 
 UTC = timezone.utc
 START = datetime(2026, 10, 31, 21, tzinfo=UTC)

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from tests.harness import feed_line, tick_line
-from traffic.connect import record_path, recorded_server, write_record
+from traffic.runtime.connect import record_path, recorded_server, write_record
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 1, 10, tzinfo=UTC)
@@ -79,8 +79,8 @@ def test_a_stale_record_is_ignored_and_removed(tmp_path):
 
 
 def test_auto_resolves_to_local_without_a_server_and_explicit_masters_win(tmp_path):
-    from traffic.settings import load_settings
-    from traffic.spark import LOCAL_MASTER, resolve_master
+    from traffic.core.settings import load_settings
+    from traffic.runtime.spark import LOCAL_MASTER, resolve_master
 
     auto = load_settings(environ={}, overrides={"warehouse": tmp_path / "w"})
     assert auto.spark_master == "auto" and resolve_master(auto) == LOCAL_MASTER

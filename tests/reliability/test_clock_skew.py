@@ -12,7 +12,7 @@ import json
 from datetime import datetime, timedelta, timezone
 
 from tests.harness import Harness, feed_line, tick_line
-from traffic.report import status
+from traffic.reporting.report import status
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 1, 10, tzinfo=UTC)
@@ -73,7 +73,7 @@ def test_a_source_stamped_two_hours_ahead_never_makes_a_delivering_source_late(s
 
 
 def test_status_command_prints_the_far_ahead_source(spark, tmp_path, capsys):
-    from traffic.cli import main
+    from traffic.app.cli import main
 
     harness = Harness(tmp_path, spark, now=NOW.isoformat(), source_timeout=3600)
     harness.deliver("a", _lines(0, 30))

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.harness import Harness, feed_line, tick_line
-from traffic.inbox import LockTimeout, warehouse_lock
+from traffic.storage.journal import LockTimeout, warehouse_lock
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 1, 10, tzinfo=UTC)
@@ -32,7 +32,7 @@ def test_a_busy_warehouse_fails_with_the_holder_named_then_succeeds_on_retry(spa
 
 
 def _traffic(tmp_path, *args):
-    command = [sys.executable, "-m", "traffic.cli", *args, "--warehouse", str(tmp_path / "warehouse"),
+    command = [sys.executable, "-m", "traffic.app.cli", *args, "--warehouse", str(tmp_path / "warehouse"),
                "--inbox", str(tmp_path / "inbox"), "--set", "now=2026-11-02T00:00:00+00:00"]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TZ": "UTC"})

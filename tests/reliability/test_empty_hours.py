@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.harness import Harness, feed_line
-from traffic.report import status
+from traffic.reporting.report import status
 
 UTC = timezone.utc
 NOW = datetime(2026, 11, 2, tzinfo=UTC)
@@ -89,7 +89,7 @@ def test_a_close_of_empty_hours_killed_half_way_and_run_again_ends_as_an_uninter
     for number, point in enumerate(["dq_results.quality.committed#1", "periods.freeze.committed#1",
                                     "daily.roll_up.committed#1"]):
         harness = _warehouse_with_a_stray_old_record(tmp_path / f"killed{number}", spark)
-        command = [sys.executable, "-m", "traffic.cli", "close", "--warehouse", str(harness.settings.warehouse),
+        command = [sys.executable, "-m", "traffic.app.cli", "close", "--warehouse", str(harness.settings.warehouse),
                    "--inbox", str(harness.settings.inbox), "--set", f"now={NOW.isoformat()}",
                    "--set", "shuffle_partitions=2", "--set", f"fault_at={point}"]
         completed = subprocess.run(command, env={**os.environ, "TZ": "UTC"}, capture_output=True, text=True,

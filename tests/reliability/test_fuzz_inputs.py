@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests import capture_factory as cf
-from traffic.captures import parse_capture
-from traffic.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes
+from traffic.io.captures import parse_capture
+from traffic.io.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GOOD = "new,OP_INSERT,1793527200000000,10.0.0.1,192.0.2.1,1000,443,1500"
@@ -195,8 +195,8 @@ def test_inbox_plans_every_regular_file_once_and_never_opens_anything_else(tmp_p
     recorded duplicate); everything else is skipped with a note, by name, without being opened."""
     import os
 
-    from traffic.inbox import ACCOUNTED, DUPLICATE, SKIPPED, Cutting, plan_files, scan
-    from traffic.records import source_problem
+    from traffic.io.inbox import ACCOUNTED, DUPLICATE, SKIPPED, Cutting, plan_files, scan
+    from traffic.core.records import source_problem
 
     root = tmp_path_factory.mktemp("hostile")
     inbox, outside = root / "inbox", root / "outside.csv"

@@ -9,6 +9,7 @@ conservation: every record of every good file is counted exactly once, every bad
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -20,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Harness, feed_line, micros
-from traffic import inbox as inbox_mod
-from traffic.records import MAX_REASON_CHARS
+from traffic.io import inbox as inbox_mod
+from traffic.core.records import MAX_REASON_CHARS
+from traffic.storage.journal import Journal
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 1, 10, tzinfo=UTC)
@@ -69,7 +71,7 @@ def test_poison_files_become_rejects_and_the_batch_completes(spark, tmp_path):
         _write_quiet(harness.settings.inbox / "r1" / name, data)
     result = harness.ingest()
     assert (result.packets_on_time, result.bytes_on_time) == (3, 7 + 11 + 13)
-    assert inbox_mod.Journal(harness.warehouse().state_dir()).load() is None  # nothing left pending
+    assert Journal(harness.warehouse().state_dir()).load() is None  # nothing left pending
     reasons = _rejects_by_file(harness)
     assert "longer than a record may be" in reasons["r1/long-line.csv"][0]
     assert reasons["r1/deep.jsonl"] == ["not valid JSON here (nested too deeply)"]
@@ -83,15 +85,15 @@ def test_a_reader_that_fails_costs_its_chunk_one_reject_not_the_task(tmp_path, m
     """The last line of defence: whatever a reader raises becomes one reject naming the bytes not read."""
     import pyarrow.feather as feather
 
-    from traffic import batch_tasks as B
-    from traffic import readers
-    from traffic.settings import load_settings
+    from traffic.accounting import batch_tasks as B
+    from traffic.accounting import parts
+    from traffic.core.settings import load_settings
 
     path = tmp_path / "f.csv"
     path.write_text(_good(2))
     data = path.read_bytes()
     row = {"chunk": 0, "path": str(path), "source": "r1", "name": "r1/f.csv", "format": "router-feed", "start": 0,
-           "end": len(data), "sha256": inbox_mod.hashlib.sha256(data).hexdigest(), "header": "",
+           "end": len(data), "sha256": hashlib.sha256(data).hexdigest(), "header": "",
            "file_end": len(data)}
     rules = B.Rules(batch_id=1, watermark_before=None, future_limit=T0 + timedelta(days=400), history_floor=None,
                     time_range=None, packets=None, late_packets=None, scratch=str(tmp_path), settings_doc={})
@@ -99,10 +101,10 @@ def test_a_reader_that_fails_costs_its_chunk_one_reject_not_the_task(tmp_path, m
     def broken(*_args, **_kwargs):
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr(readers, "parse_bytes", broken)
+    monkeypatch.setattr(B, "parse_bytes", broken)
     outcome = B.run_chunk(row, rules, load_settings(environ={}))
     assert outcome["problem"] is None
-    rejects = feather.read_table(str(B.part_path(str(tmp_path), "rejects", 0, 0))).to_pylist()
+    rejects = feather.read_table(str(parts.part_path(str(tmp_path), "rejects", 0, 0))).to_pylist()
     assert [(r["record"], r["reason"].split(";")[0]) for r in rejects] == [
         (f"r1/f.csv bytes 0-{len(data)}",
          "could not be read as router-feed (RecursionError: maximum recursion depth exceeded)")]
@@ -117,7 +119,7 @@ def _spark_factory_that(spark, before_spark):
 
 
 def test_a_file_rewritten_while_the_spark_job_starts_counts_nothing_then_counts_once(spark, tmp_path):
-    from traffic.ingest import ingest
+    from traffic.app.runs import ingest
 
     harness = Harness(tmp_path, spark)
     path = harness.deliver("r1", _good(3), name="feed.csv")
@@ -137,14 +139,14 @@ def test_a_file_rewritten_while_the_spark_job_starts_counts_nothing_then_counts_
 
 def test_a_file_that_vanishes_before_it_is_read_is_recorded_and_close_still_works(spark, tmp_path):
     """A journaled batch whose file was moved away finishes (by close here): nothing pending for good."""
-    from traffic.ingest import plan_batch
+    from traffic.accounting.ingest import plan_batch
 
     harness = Harness(tmp_path, spark)
     harness.deliver("r1", _good(2), name="kept.csv")
     gone = harness.deliver("r1", _good(3, start_minute=5), name="gone.csv")
     warehouse = harness.warehouse()
     warehouse.create_all()
-    journal = inbox_mod.Journal(warehouse.state_dir())
+    journal = Journal(warehouse.state_dir())
     journal.save(plan_batch(harness.settings, warehouse))  # as if killed right after planning
     gone.rename(tmp_path / "moved-away.csv")
     harness.close()
@@ -161,7 +163,7 @@ def test_a_resumed_batch_that_committed_already_ends_as_planned_whatever_happene
     harness = Harness(tmp_path, spark)
     path = harness.deliver("r1", _good(3), name="feed.csv")
     killed = subprocess.run(
-        [sys.executable, "-m", "traffic.cli", "ingest", "--warehouse", str(harness.settings.warehouse), "--inbox",
+        [sys.executable, "-m", "traffic.app.cli", "ingest", "--warehouse", str(harness.settings.warehouse), "--inbox",
          str(harness.settings.inbox), "--set", f"now={harness.settings.now.isoformat()}", "--set",
          "fault_at=packets.ingest.committed", "--set", "spark_master=local[1]"],
         cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -295,7 +297,7 @@ def test_an_unreadable_file_is_rejected_with_its_reason_once_and_read_when_it_ca
 
 
 def test_replay_input_follows_the_inbox_rules(spark, tmp_path):
-    from traffic.replay import replay
+    from traffic.app.runs import replay
 
     outside = tmp_path / "etc" / "passwd"
     outside.parent.mkdir()
@@ -330,7 +332,7 @@ def test_a_mixed_inbox_goes_through_one_run_exactly(tmp_path):
     env = {**os.environ, "TRAFFIC_WAREHOUSE": str(warehouse), "TRAFFIC_INBOX": str(inbox), "TRAFFIC_NOW":
            "2026-12-01T00:00:00+00:00", "TRAFFIC_SPARK_MASTER": "local[2]", "TRAFFIC_SHUFFLE_PARTITIONS": "2"}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "traffic.cli", "run"], cwd=REPO, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "traffic.app.cli", "run"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert time.monotonic() - started < 600

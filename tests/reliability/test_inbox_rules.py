@@ -7,7 +7,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 from tests.harness import Harness, feed_line, tick_line
-from traffic.inbox import scan
+from traffic.io.inbox import scan
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 1, 10, tzinfo=UTC)

@@ -19,9 +19,9 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
-from traffic import delta
-from traffic.delta import Warehouse, cluster_key
-from traffic.settings import load_settings
+from traffic.storage import delta
+from traffic.storage.delta import Warehouse, cluster_key
+from traffic.core.settings import load_settings
 
 UTC = timezone.utc
 T0 = datetime(2026, 10, 1, tzinfo=UTC)

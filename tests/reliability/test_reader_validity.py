@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests import capture_factory as cf
-from traffic.captures import parse_capture
-from traffic.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes
-from traffic.records import MAX_BYTES_V4, MAX_BYTES_V4_GSO, packet_problem
+from traffic.io.captures import parse_capture
+from traffic.io.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes
+from traffic.core.records import MAX_BYTES_V4, MAX_BYTES_V4_GSO, packet_problem
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TS = 1_793_527_200_000_000

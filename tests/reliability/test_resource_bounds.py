@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Harness, micros
-from traffic.peakmem import PeakMemory
+from traffic.runtime.peakmem import PeakMemory
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -43,7 +43,7 @@ def test_a_day_with_100k_distinct_remote_addresses(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAFFIC_", "SPARK_"))}
     env.update(TRAFFIC_WAREHOUSE=str(harness.settings.warehouse), TRAFFIC_INBOX=str(harness.settings.inbox),
                TRAFFIC_NOW="2026-12-01T00:00:00+00:00")
-    job = subprocess.Popen([sys.executable, "-m", "traffic.cli", "run"], cwd=REPO, env=env,
+    job = subprocess.Popen([sys.executable, "-m", "traffic.app.cli", "run"], cwd=REPO, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with PeakMemory(job.pid) as memory:
         output, _ = job.communicate(timeout=600)

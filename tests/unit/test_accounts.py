@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import traffic
-from traffic.accounts import NO_ACCOUNTS, UNASSIGNED, AccountsError, load_accounts, parse_accounts
+from traffic.core.accounts import NO_ACCOUNTS, UNASSIGNED, AccountsError, load_accounts, parse_accounts
 
 NESTED = """
 [[version]]

@@ -1,6 +1,6 @@
 """What an ingest task decides on its own: each record's fate, the texts of rejects and late rows, partial totals.
 
-These are the Arrow functions the parse tasks run on the executors (``traffic.batch_tasks``);
+These are the Arrow functions the parse tasks run on the executors (``traffic.accounting.batch_tasks``);
 the integration tests run them through Spark and compare every table with the reference model.
 """
 
@@ -11,9 +11,10 @@ from datetime import date, datetime, timedelta, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traffic import batch_tasks as B
-from traffic.delta import Staged, write_staged
-from traffic.records import PARSED_SCHEMA
+from traffic.accounting import batch_tasks as B
+from traffic.accounting import parts
+from traffic.storage.delta import Staged, write_staged
+from traffic.core.records import PARSED_SCHEMA
 
 UTC = timezone.utc
 W = datetime(2026, 11, 1, 12, tzinfo=UTC)  # watermark before the batch: hours before 12:00 are closed
@@ -97,13 +98,13 @@ def test_hourly_parts_count_known_directions_only_and_sum_across_tasks():
     parsed = _parsed([{"kind": "packet", "ts": hour + timedelta(minutes=m), "direction": d, "bytes": b}
                       for m, d, b in ((1, "in", 10), (2, "out", 20), (3, None, 40), (4, "internal", 80))])
     packets = B.judge(parsed, _rules())["packets"]
-    part = B.hourly_parts(packets)
+    part = parts.hourly_parts(packets)
     assert part.to_pylist() == [{"hour": hour, "local_ip": "10.0.0.1", "remote_ip": "192.0.2.1", "bytes": 150,
                                  "packets": 4, "bytes_in": 10, "bytes_out": 20}]
-    summed = B.sum_hourly(pa.concat_tables([part, part]), "open").to_pylist()
+    summed = parts.sum_hourly(pa.concat_tables([part, part]), "open").to_pylist()
     assert summed == [{"hour": hour, "local_ip": "10.0.0.1", "remote_ip": "192.0.2.1", "bytes": 300, "packets": 8,
                        "bytes_in": 20, "bytes_out": 40, "day": date(2026, 11, 1), "status": "open"}]
-    panes = B.pane_parts(packets).to_pylist()
+    panes = parts.pane_parts(packets).to_pylist()
     assert [(p["pane_start"], p["direction"], p["bytes"], p["packets"]) for p in panes] == [
         (hour, "in", 10, 1), (hour, "out", 20, 1), (hour, None, 40, 1), (hour, "internal", 80, 1)]
 
@@ -138,7 +139,7 @@ def test_rows_in_time_order_are_split_by_key_the_same_way(tmp_path):
 
 
 def test_freeze_files_are_shared_out_once_each_by_size():
-    from traffic.freeze_tasks import share_out
+    from traffic.accounting.freeze_tasks import share_out
 
     files = [(f"f{i}", size) for i, size in enumerate([90, 10, 40, 40, 30, 30, 5, 5])]
     groups = share_out(files, 4)
@@ -154,8 +155,8 @@ def test_freeze_files_are_shared_out_once_each_by_size():
 def test_a_freeze_task_writes_an_hour_from_its_files_and_compares_it_with_the_open_rows(tmp_path):
     """Two raw files of one hour sum to its final row and panes (written staged); an open row that
     differs is counted twice (it and its final row), the hour's raw Σ is left for the ledger."""
-    from traffic.freeze_tasks import COLUMNS, Hour, Job, recompute
-    from traffic.panes import Mapping
+    from traffic.accounting.freeze_tasks import COLUMNS, Hour, Job, recompute
+    from traffic.accounting.panes import Mapping
 
     hour = datetime(2026, 11, 1, 10, tzinfo=UTC)
     rows = [(hour + timedelta(minutes=m), "r1", "10.0.0.1", "192.0.2.1", size, d)
@@ -178,9 +179,9 @@ def test_a_freeze_task_writes_an_hour_from_its_files_and_compares_it_with_the_op
     written = pq.read_table(tmp_path / "h" / "k=2026-11-01T10" / "part-c00003-a0.parquet").to_pylist()
     assert [(r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"], r["status"]) for r in written] == [
         (180, 4, 100, 50, "final")]
-    raw = B.read_parts(str(tmp_path / "scratch"), "raw", {3: 0}).to_pylist()
+    raw = parts.read_parts(str(tmp_path / "scratch"), "raw", {3: 0}).to_pylist()
     assert [(r["hour"], r["bytes"], r["packets"]) for r in raw] == [(hour, 180, 4)]
-    assert B.read_parts(str(tmp_path / "scratch"), "differing", {3: 0}).to_pylist() == [{"hour": hour, "n": 2}]
+    assert parts.read_parts(str(tmp_path / "scratch"), "differing", {3: 0}).to_pylist() == [{"hour": hour, "n": 2}]
     # Pane rows leave the task attributed to accounts (none here: every address unassigned).
     panes = pq.read_table(tmp_path / "p" / "k=2026-11-01T10" / "part-c00003-a0.parquet").to_pylist()
     assert {(r["account"], r["status"]) for r in panes} == {("unassigned", "final")}

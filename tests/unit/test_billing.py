@@ -8,7 +8,7 @@ from datetime import datetime, time, timedelta, timezone
 import numpy as np
 import pytest
 
-from traffic.billing import (
+from traffic.core.billing import (
     Bill,
     BillingCycle,
     BillingError,
@@ -322,8 +322,8 @@ def test_account_series_in_arrow_equals_the_row_by_row_series():
     """The bills of a period are summed in Arrow (``bills.account_series``); they must equal
     ``pane_series`` of each account's rows: repeated panes added, unknown directions kept apart,
     an account that is null (a damaged pane) billed on its own."""
-    from traffic.bills import account_series
-    from traffic.billing import pane_series
+    from traffic.accounting.bills import account_series
+    from traffic.core.billing import pane_series
 
     rng = random.Random(7)
     accounts, directions = ["acme", "beta", None], ["in", "out", "internal", "transit", None]
@@ -352,7 +352,7 @@ def test_account_series_in_arrow_equals_the_row_by_row_series():
     ((_utc(2026, 9, 1), "acme", "in", -1), "pane 2026-09-01 00:00:00+00:00: bytes -1 is not a whole number of bytes"),
 ])
 def test_account_series_refuses_what_the_row_by_row_series_refuses(row, message):
-    from traffic.bills import account_series
+    from traffic.accounting.bills import account_series
 
     good = (_utc(2026, 9, 2), "acme", "out", 5)
     with pytest.raises(BillingError) as error:

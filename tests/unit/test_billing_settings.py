@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from traffic.settings import SettingsError, load_settings
+from traffic.core.settings import SettingsError, load_settings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "traffic" / "conf" / "accounts.toml"
 

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from tests import capture_factory as cf
-from traffic.captures import is_capture, parse_capture
-from traffic.records import PARSED_SCHEMA
+from traffic.io.captures import is_capture, parse_capture
+from traffic.core.records import PARSED_SCHEMA
 
 SOURCE = "edge"
 FILE = "inbox/edge/sample.pcap"
@@ -732,7 +732,7 @@ def test_the_record_walk_finds_exactly_the_records_a_plain_walk_finds(order, sha
 
     import numpy as np
 
-    from traffic.captures import _record_offsets
+    from traffic.io.captures import _record_offsets
 
     rng = random.Random(f"{order}{shape}")
     if shape == "one length":

@@ -10,7 +10,7 @@ import pytest
 
 
 def _traffic(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "traffic.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "traffic.app.cli", *args], capture_output=True, text=True,
                           timeout=120, env={**os.environ, **(env or {})})
 
 
@@ -34,7 +34,7 @@ def test_user_mistakes_are_one_line_and_exit_2(case, tmp_path):
 
 
 def test_every_subcommand_has_help():
-    from traffic.cli import COMMANDS
+    from traffic.app.cli import COMMANDS
 
     for command in COMMANDS:
         result = _traffic(command, "--help")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from traffic.text import printable, printable_lines
+from traffic.core.text import printable, printable_lines
 
 TRAFFIC = str(Path(sys.executable).with_name("traffic"))
 

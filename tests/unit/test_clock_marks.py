@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
-from traffic import state as st
-from traffic.clock import FIRST_HOUR_GAP, ClockState, advance, first_hour_gap
+from traffic.storage import state as st
+from traffic.core.clock import FIRST_HOUR_GAP, ClockState, advance, first_hour_gap
 
 UTC = timezone.utc
 T = datetime(2026, 11, 1, 10, tzinfo=UTC)
@@ -83,8 +83,8 @@ def test_clock_state_survives_the_batch_plan_and_a_plan_from_before_marks():
 def test_a_clocks_table_written_before_marks_loads_with_each_source_clock_as_its_mark(tmp_path):
     from deltalake import DeltaTable, Schema
 
-    from traffic.delta import Warehouse
-    from traffic.settings import load_settings
+    from traffic.storage.delta import Warehouse
+    from traffic.core.settings import load_settings
 
     settings = load_settings(environ={}, overrides={"warehouse": tmp_path / "w", "inbox": tmp_path / "in"})
     warehouse = Warehouse(settings, engine="rs")

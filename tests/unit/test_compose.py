@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from traffic.settings import _PARSERS
+from traffic.core.settings import _PARSERS
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_RUNNING = {"postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",

@@ -16,10 +16,10 @@ import socket
 
 import pytest
 
-from traffic.connect import (TOKEN_ENV, address, read_record, record_path, recorded_server, with_token,
+from traffic.runtime.connect import (TOKEN_ENV, address, read_record, record_path, recorded_server, with_token,
                              without_token, write_record)
-from traffic.settings import load_settings
-from traffic.spark import LOCAL_MASTER, resolve_master
+from traffic.core.settings import load_settings
+from traffic.runtime.spark import LOCAL_MASTER, resolve_master
 
 
 @pytest.fixture()
@@ -45,7 +45,7 @@ def _write_plain(state, record: dict, mode: int) -> None:
 def test_a_record_others_can_read_or_change_is_ignored_with_a_warning(tmp_path, listener, mode, caplog):
     _write_plain(tmp_path, _record(listener), mode)
     settings = load_settings(environ={}, overrides={"warehouse": tmp_path.parent})
-    with caplog.at_level(logging.WARNING, logger="traffic.connect"):
+    with caplog.at_level(logging.WARNING, logger="traffic.runtime.connect"):
         assert recorded_server(tmp_path) is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and f"{mode:04o}" in warnings[0] and str(record_path(tmp_path)) in warnings[0], warnings

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from traffic.html_bills import DerivedCache
+from traffic.reporting.html_bills import DerivedCache
 
 
 def test_a_value_is_kept_until_its_inputs_change(tmp_path):

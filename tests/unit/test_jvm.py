@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from traffic import jvm
-from traffic.ingest import announce_work
-from traffic.settings import SettingsError, load_settings
+from traffic.runtime import jvm
+from traffic.accounting.ingest import announce_work
+from traffic.core.settings import SettingsError, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -45,10 +45,10 @@ def test_spark_jit_setting_is_checked():
 
 
 def test_the_cli_says_which_jvm_it_starts_and_why(monkeypatch, capsys):
-    import traffic.spark
-    from traffic.cli import SparkHolder
+    import traffic.runtime.spark
+    from traffic.app.cli import SparkHolder
 
-    monkeypatch.setattr(traffic.spark, "build_spark", lambda settings, name: object())
+    monkeypatch.setattr(traffic.runtime.spark, "build_spark", lambda settings, name: object())
     settings = load_settings(environ={}, overrides={"spark_master": "local[2]"})
     SparkHolder(settings, "traffic-test")()
     assert "starting Spark (quick-start JVM) …" in capsys.readouterr().err

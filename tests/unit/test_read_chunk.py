@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traffic.inbox import Cutting, InboxFile, read_piece, survey
+from traffic.io.files import read_piece
+from traffic.io.inbox import Cutting, InboxFile, survey
 
 
 @settings(max_examples=200, deadline=None)
@@ -18,7 +19,7 @@ def test_pieces_cover_each_line_exactly_once(tmp_path_factory, lines, split, cou
     # Start where an earlier batch stopped: always at a line boundary (the end of a counted prefix).
     start = len("".join(line + "\n" for line in lines[: min(counted, len(lines))]).encode())
     f = InboxFile("r1/f.csv", str(path), "r1", len(data) + len(tail), 0, start=start)
-    import traffic.inbox as inbox
+    import traffic.io.inbox as inbox
 
     real = inbox.piece_bytes
     inbox.piece_bytes = lambda size, split_bytes, parallelism: split  # pieces of `split` bytes before alignment
@@ -38,7 +39,7 @@ MiB = 1024 * 1024
 @settings(max_examples=300, deadline=None)
 @given(size=st.integers(0, 400 * MiB), split=st.integers(MiB, 128 * MiB), parallelism=st.integers(1, 8))
 def test_parse_tasks_are_equal_pieces_no_bigger_than_split_bytes(size, split, parallelism):
-    from traffic.inbox import MIN_SPLIT_BYTES, piece_bytes as _piece_bytes
+    from traffic.io.inbox import MIN_SPLIT_BYTES, piece_bytes as _piece_bytes
 
     piece = _piece_bytes(size, split, parallelism)
     tasks = -(-size // piece) if size else 0
@@ -52,7 +53,7 @@ def test_parse_tasks_are_equal_pieces_no_bigger_than_split_bytes(size, split, pa
 
 
 def test_a_file_just_over_split_bytes_is_not_one_task_and_a_sliver():
-    from traffic.inbox import piece_bytes as _piece_bytes
+    from traffic.io.inbox import piece_bytes as _piece_bytes
 
     size = 69 * 1000 * 1000  # the 1 M-packet bench feed against the 64 MiB default
     piece = _piece_bytes(size, 64 * MiB, 4)
@@ -64,7 +65,7 @@ def test_a_file_just_over_split_bytes_is_not_one_task_and_a_sliver():
 
 
 def test_a_capture_and_an_appended_capture_tail_are_split_into_one_range_per_core(tmp_path):
-    from traffic.inbox import MIN_SPLIT_BYTES
+    from traffic.io.inbox import MIN_SPLIT_BYTES
 
     header = bytes.fromhex("d4c3b2a1") + bytes(20)
     files = {"big.pcap": header + bytes(3 * MIN_SPLIT_BYTES), "small.pcap": header + bytes(1000), "empty.pcap": b""}
@@ -87,8 +88,8 @@ def test_a_capture_and_an_appended_capture_tail_are_split_into_one_range_per_cor
 def test_task_slots_follow_the_local_master_and_fall_back_to_shuffle_partitions():
     import os
 
-    from traffic.ingest import task_slots
-    from traffic.settings import load_settings
+    from traffic.runtime.spark import task_slots
+    from traffic.core.settings import load_settings
 
     def slots(master: str) -> int:
         return task_slots(load_settings(environ={}, overrides={"spark_master": master, "shuffle_partitions": 6}))

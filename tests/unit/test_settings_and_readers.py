@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from traffic.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, detect_format, parse_bytes
-from traffic.settings import SettingsError, load_settings
+from traffic.io.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, detect_format, parse_bytes
+from traffic.core.settings import SettingsError, load_settings
 
 
 def test_precedence_file_then_environment_then_cli(tmp_path):
@@ -99,7 +99,7 @@ def test_a_garbage_first_line_does_not_turn_a_router_feed_into_a_rejected_header
 def test_the_utf8_check_agrees_with_python_on_every_edge(data):
     """Arrow checks a chunk's UTF-8 without decoding it; it must reject exactly what Python rejects
     (surrogates, overlong forms, code points past U+10FFFF, cut sequences, stray continuation bytes)."""
-    from traffic.readers import _is_utf8
+    from traffic.io.readers import _is_utf8
 
     try:
         data.decode("utf-8")

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pyarrow as pa
 
-from traffic.state import rows
+from traffic.storage.state import rows
 
 UTC = timezone.utc
 

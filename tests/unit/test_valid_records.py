@@ -7,9 +7,10 @@ import json
 import pytest
 
 from tests import capture_factory as cf
-from traffic import quality, records
-from traffic.captures import parse_capture
-from traffic.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes
+from traffic.quality import suites as quality
+from traffic.core import records
+from traffic.io.captures import parse_capture
+from traffic.io.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes
 
 TS = 1_793_527_200_000_000  # 2026-11-01T10:00Z
 MARKER = '"><svg onload=alert(1)>'
@@ -141,7 +142,7 @@ def test_every_row_a_capture_keeps_with_keep_transit_is_one_the_checks_accept():
 
 def test_the_suites_name_the_records_definitions_instead_of_copying_them():
     """No suite holds its own copy of a reader rule (a copy is how ``transit`` drifted): it names the
-    ``traffic.records`` constant, and loading the suite gives the readers' values."""
+    ``traffic.core.records`` constant, and loading the suite gives the readers' values."""
     named = {}
     for path in sorted(quality.SUITE_DIR.glob("*.json")):
         for item in json.loads(path.read_text())["expectations"]:

@@ -1,0 +1,231 @@
+"""What one ingest task does on an executor, and how the driver sums what the tasks leave.
+
+A task is handed one chunk of one inbox file and the batch's time rules. It parses the chunk
+to Arrow, gives every record its fate (DESIGN §3: on time, late, tick, late tick, rejected,
+outside a replay's range), writes the on-time and late packets as parquet straight into the
+tables' staged folders, and leaves the small things the driver needs as Arrow files in the
+batch's scratch folder: the per (fate, source, pane) summary, the hourly and per-address pane
+partial totals of its on-time packets, and its rejects. One row per task crosses into the JVM.
+
+The history bound needs the batch's newest record, which no task knows alone, so the first
+pass judges without it and reports each chunk's oldest record that the bound could reject;
+the driver runs again only the chunks that hold a record older than the bound (rare: a
+batch spanning more than ``max_history``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traffic.accounting.parts import SUMMARY, REJECT_ROWS, _PARTS, floor_to, group_sums, hourly_parts, pane_parts, file_part, save_part
+from traffic.core.periods import late_mask, micros
+from traffic.core.records import MAX_REASON_CHARS, PARSED_SCHEMA
+from traffic.storage.delta import write_staged
+from traffic.io.files import PieceChanged, read_piece
+from traffic.io.readers import CAPTURE, CSV_HEADER, parse_bytes, unreadable_chunk
+from traffic.core.settings import build_settings
+
+ON_TIME = "packet"
+LATE = "late"
+TICK = "tick"
+LATE_TICK = "late_tick"
+REJECT = "reject"
+OUTSIDE = "outside"  # replay: a record outside the replayed time range (not counted by this run)
+
+# Codes of the fate chain, first match wins; two extra codes tell the sanity-bound rejects apart.
+_REJECTED, _OUTSIDE, _TOO_NEW, _TOO_OLD, _LATE_TICK, _TICK, _LATE, _ON_TIME = range(8)
+_FATE_NAMES = pa.array([REJECT, OUTSIDE, REJECT, REJECT, LATE_TICK, TICK, LATE, ON_TIME], pa.string())
+_HOUR_US = 3_600_000_000
+_PANE_US = 300_000_000
+_TS = pa.timestamp("us", tz="UTC")
+NO_TIME = np.iinfo(np.int64).min
+
+_DDL_TYPES = {pa.int32(): "int", pa.int64(): "long", pa.string(): "string"}
+#: Why a chunk counted nothing (its whole file is then left out of the batch and recorded).
+VANISHED, CHANGED_SINCE_PLANNED, UNREADABLE = "vanished", "changed", "unreadable"
+
+#: What each task returns to the driver (through Spark), one row per chunk; times in epoch microseconds.
+#: ``problem``: why the chunk's planned bytes could not be read (then it counted nothing), or null.
+OUTCOME = pa.schema([("chunk", pa.int32()), ("attempt", pa.int32()), ("newest", pa.int64()), ("oldest", pa.int64()),
+                     ("problem", pa.string())])
+OUTCOME_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in OUTCOME)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Everything a task needs to judge and write its chunk (pickled to the executors)."""
+
+    batch_id: int
+    watermark_before: datetime | None
+    future_limit: datetime
+    history_floor: datetime | None  # None on the first pass
+    time_range: tuple[datetime, datetime] | None
+    packets: object | None  # delta.Staged for on-time packets, or None when they are already committed
+    late_packets: object | None
+    scratch: str
+    settings_doc: dict
+    attempt: int = 0
+
+
+def _stamp(ts: pa.Array) -> pa.Array:
+    """``2026-05-04T03:00:05.000123Z``: the text rejects and late reasons quote a time in."""
+    return pc.strftime(ts, format="%Y-%m-%dT%H:%M:%SZ")
+
+
+def fates(parsed: pa.Table, rules: Rules) -> np.ndarray:
+    """The fate code of every parsed row (see ``_FATE_NAMES``); lateness uses the watermark from before the batch."""
+    kind = parsed.column("kind")
+    ts = pc.fill_null(pc.cast(parsed.column("ts"), pa.int64()), NO_TIME).to_numpy()
+    has_ts = ts != NO_TIME
+    rejected = pc.equal(kind, REJECT).to_numpy(zero_copy_only=False)
+    tick = pc.equal(kind, TICK).to_numpy(zero_copy_only=False)
+    none = np.zeros(len(ts), dtype=bool)
+    outside = none
+    if rules.time_range:
+        start, end = (micros(t) for t in rules.time_range)
+        outside = has_ts & ((ts < start) | (ts >= end))
+    too_new = has_ts & (ts > micros(rules.future_limit))
+    too_old = has_ts & (ts < micros(rules.history_floor)) if rules.history_floor is not None else none
+    closed = has_ts & late_mask(ts, rules.watermark_before)
+    return np.select(
+        [rejected, outside, too_new, too_old, tick & closed, tick, closed],
+        [_REJECTED, _OUTSIDE, _TOO_NEW, _TOO_OLD, _LATE_TICK, _TICK, _LATE], _ON_TIME).astype(np.int8)
+
+
+def judge(parsed: pa.Table, rules: Rules, code: np.ndarray | None = None) -> dict[str, pa.Table]:
+    """Split a parsed chunk by fate: ``packets``, ``late``, ``rejects`` rows and the ``summary``."""
+    code = fates(parsed, rules) if code is None else code
+    ts = parsed.column("ts")
+    hour = floor_to(ts, _HOUR_US)
+    with_hour = parsed.append_column("hour", hour)
+    pane = floor_to(ts, _PANE_US)
+    fate = _FATE_NAMES.take(pa.array(code))
+    summary = pa.table({"fate": fate, "source": parsed.column("source"), "pane": pane,
+                        "bytes": pc.fill_null(parsed.column("bytes"), 0), "ts": ts})
+    summary = group_sums(summary, ["fate", "source", "pane"],
+                         {"records": ([], "count_all"), "bytes": ("bytes", "sum"), "max_ts": ("ts", "max")}, SUMMARY)
+
+    # (A chunk that is all on time, the usual case, is not copied.)
+    on_time = with_hour if (code == _ON_TIME).all() else with_hour.filter(pa.array(code == _ON_TIME))
+    late = with_hour.filter(pa.array(code == _LATE)) if (code == _LATE).any() else with_hour.schema.empty_table()
+    if late.num_rows:
+        closed = f" was closed (watermark {rules.watermark_before.isoformat() if rules.watermark_before else ''})"
+        late = late.append_column("late_reason", pc.binary_join_element_wise(
+            "hour ", pc.strftime(late.column("hour"), format="%Y-%m-%dT%H:00Z"), closed, ""))
+    rejects = _reject_rows(parsed, code, rules)
+    return {"packets": on_time, "late": late, "rejects": rejects, "summary": summary}
+
+
+def _reject_rows(parsed: pa.Table, code: np.ndarray, rules: Rules) -> pa.Table:
+    """Rejected rows with the reason a person reads; a sanity-bound reject keeps its record as text."""
+    picked = np.flatnonzero((code == _REJECTED) | (code == _TOO_NEW) | (code == _TOO_OLD))
+    if len(picked) == 0:
+        return REJECT_ROWS.empty_table()
+    rows = parsed.take(pa.array(picked))
+    which = pa.array(code[picked])
+    stamp = _stamp(rows.column("ts"))
+    floor = rules.history_floor.isoformat() if rules.history_floor else ""
+    too_new = pc.binary_join_element_wise(
+        "time ", stamp, " is more than the allowed future skew ahead of this machine's clock (limit "
+        f"{rules.future_limit.isoformat()})", "")
+    too_old = pc.binary_join_element_wise(
+        "time ", stamp, f" is more than max_history behind the newest record of its batch (floor {floor})", "")
+    reason = pc.if_else(pc.equal(which, _TOO_NEW), too_new,
+                        pc.if_else(pc.equal(which, _TOO_OLD), too_old, rows.column("reason")))
+    reason = pc.utf8_slice_codeunits(reason, 0, MAX_REASON_CHARS)  # whatever a reader quoted, a reason stays short
+    as_text = [rows.column(c).cast(pa.string()) for c in
+               ("source", "local_ip", "remote_ip", "local_port", "remote_port", "protocol", "bytes", "direction")]
+    record = pc.coalesce(rows.column("record"),
+                         pc.binary_join_element_wise(stamp, *as_text, ",", null_handling="skip"))
+    return pa.table({"source": rows.column("source"), "input_file": rows.column("input_file"), "record": record,
+                     "reason": reason, "ts": rows.column("ts")}, schema=REJECT_ROWS)
+
+
+def run_chunk(row: dict, rules: Rules, settings) -> dict:
+    """Parse, judge and write one chunk; returns its outcome row.
+
+    The task reads exactly the bytes its plan names and checks their sha256 first: a file that
+    vanished, became unreadable or changed since it was planned counts nothing (``problem``).
+    Whatever a reader raises on the bytes becomes one reject for the chunk, never a failed task.
+    """
+
+    own = None
+    try:
+        if row["format"] == CAPTURE:
+            # The whole capture from its file header (an appended tail has none), of which this task
+            # decodes the frames that start in its range.
+            data = read_piece(row["path"], 0, row["file_end"], row["sha256"])
+            own = (row["start"], row["end"])
+        else:
+            data = read_piece(row["path"], row["start"], row["end"], row["sha256"])
+            if row["format"] == CSV_HEADER and row.get("header"):
+                data = row["header"].encode() + b"\n" + data  # an appended tail is read under its file's header
+    except PieceChanged:
+        return _unread(row, rules, CHANGED_SINCE_PLANNED)
+    except FileNotFoundError:
+        return _unread(row, rules, VANISHED)
+    except OSError as error:
+        return _unread(row, rules, f"{UNREADABLE}: {error.strerror or type(error).__name__}")
+    try:
+        parsed = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"], settings=settings,
+                             own=own).cast(PARSED_SCHEMA)
+    except Exception as error:  # noqa: BLE001 - a reader's failure on hostile bytes must not stop the batch
+        parsed = unreadable_chunk(row, error)
+    del data
+    code = fates(parsed, rules)
+    parts = judge(parsed, rules, code)
+    packets = parts["packets"].append_column("batch_id", pa.repeat(pa.scalar(rules.batch_id, pa.int64()),
+                                                                    parts["packets"].num_rows))
+    name = file_part(row["chunk"], rules.attempt)
+    if rules.packets is not None and packets.num_rows:
+        write_staged(packets, rules.packets, name)
+    if rules.late_packets is not None and parts["late"].num_rows:
+        late = parts["late"]
+        write_staged(late.append_column("batch_id", pa.repeat(pa.scalar(rules.batch_id, pa.int64()), late.num_rows)),
+                     rules.late_packets, name)
+    _save(rules, "summary", row["chunk"], parts["summary"])
+    _save(rules, "hourly", row["chunk"], hourly_parts(packets))
+    _save(rules, "panes", row["chunk"], pane_parts(packets))
+    _save(rules, "rejects", row["chunk"], parts["rejects"])
+    # What the driver needs for the history bound: the newest record the bound is measured from
+    # (not rejected, not too far in the future) and the oldest record the bound could reject.
+    # (On the first pass, judged without a history floor, no record is too old yet.)
+    ts = pc.fill_null(pc.cast(parsed.column("ts"), pa.int64()), NO_TIME).to_numpy()
+    readable = (code != _REJECTED) & (ts != NO_TIME)
+    anchors = ts[readable & (ts <= micros(rules.future_limit))]
+    candidates = ts[readable & (code != _OUTSIDE) & (code != _TOO_NEW)]
+    return {"chunk": row["chunk"], "attempt": rules.attempt,
+            "newest": int(anchors.max()) if len(anchors) else None,
+            "oldest": int(candidates.min()) if len(candidates) else None, "problem": None}
+
+
+def _unread(row: dict, rules: Rules, problem: str) -> dict:
+    """The outcome of a chunk whose planned bytes could not be read: empty parts, and why."""
+    for what in ("summary", "hourly", "panes", "rejects"):
+        _save(rules, what, row["chunk"], _PARTS[what].empty_table())
+    return {"chunk": row["chunk"], "attempt": rules.attempt, "newest": None, "oldest": None, "problem": problem}
+
+
+def _save(rules: Rules, what: str, chunk: int, table: pa.Table) -> None:
+    save_part(rules.scratch, what, chunk, rules.attempt, table)
+
+
+def task_function(rules: Rules, chunk_rows: list[dict]):
+    """The function Spark runs per task (``mapInArrow`` over ``spark.range``): each id is the index of
+    a chunk row (carried in the function itself), and yields that chunk's outcome row."""
+
+    def run(batches):
+
+        settings = build_settings(rules.settings_doc)
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield pa.RecordBatch.from_pylist([run_chunk(chunk_rows[index], rules, settings)], schema=OUTCOME)
+
+    return run
+
+

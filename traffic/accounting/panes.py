@@ -1,0 +1,155 @@
+"""Panes: 5-minute totals per (source, account, direction) — the granularity rates and percentiles need.
+
+A pane row is ``(pane_start, source, account, direction)`` with its bytes and packets. The
+account is ``local_ip``'s under the mapping version in force at ``pane_start``
+(``traffic.core.accounts``); the version's id is kept in ``mapping_version``. Panes live like the
+hourly rows: ``open`` while their hour is open (each ingest batch adds its on-time packets to
+the panes of the hours it touched), ``final`` once the hour is frozen (the freeze recomputes
+them from the same raw detail it recomputes the hourly rows from, with the mapping in force
+then). Late packets never change panes.
+
+The functions here are pure transforms (Spark DataFrames; ``pane_rows`` is the Arrow twin
+ingest uses); the mapping travels to the executors as the text of the accounts file, parsed
+there once per task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from traffic.accounting.parts import floor_to, group_sums
+from traffic.core.accounts import AccountMap, load_accounts, parse_accounts
+from traffic.core.periods import micros
+from traffic.core.accounts import AccountsError
+from traffic.core.settings import SettingsError
+from traffic.core.accounts import NO_ACCOUNTS
+from traffic.accounting.transforms import pane_start
+
+KEY = ("pane_start", "source", "account", "direction", "mapping_version")
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """The accounts file as text (what executors parse), or no file (everything ``unassigned``)."""
+
+    text: str | None = None
+    name: str = "<no accounts file>"
+
+    @classmethod
+    def of(cls, accounts_file: Path | None) -> "Mapping":
+        """The file as it is now, validated here so a file broken since the job started fails on the driver."""
+
+        if accounts_file is None:
+            return cls()
+        try:
+            mapping = cls(Path(accounts_file).read_text(encoding="utf-8"), str(accounts_file))
+            mapping.load()
+        except (OSError, AccountsError) as error:
+            raise SettingsError(f"accounts_file: {error}") from None
+        return mapping
+
+    def load(self) -> AccountMap:
+        return AccountMap() if self.text is None else parse_accounts(self.text, self.name)
+
+
+def account_map(settings) -> AccountMap:
+    """The mapping the settings name (validated when the settings were built)."""
+    return load_accounts(settings.accounts_file)
+
+
+def _attribute(mapping: Mapping):
+    """The function Spark runs per task: add ``account`` and ``mapping_version`` to per-address rows."""
+
+    def attribute(batches):
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+
+        accounts = mapping.load()
+        versions = (NO_ACCOUNTS, *accounts.versions)
+        starts_us = np.array([micros(v.effective_from) for v in accounts.versions], dtype=np.int64)
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            pane_us = pc.cast(batch.column("pane_start"), pa.int64()).to_numpy(zero_copy_only=False)
+            # 0 = before the first version (no accounts); i = versions[i] in force at the pane's start.
+            which = np.searchsorted(starts_us, pane_us, side="right")
+            owner = np.empty(batch.num_rows, dtype=object)
+            version_id = np.empty(batch.num_rows, dtype=object)
+            local = batch.column("local_ip")
+            for index in np.unique(which):
+                rows = np.flatnonzero(which == index)
+                version = versions[int(index)]
+                owner[rows] = version.lookup_many(local.take(pa.array(rows))).to_numpy(zero_copy_only=False)
+                version_id[rows] = version.id
+            yield batch.append_column("account", pa.array(owner, pa.string())) \
+                       .append_column("mapping_version", pa.array(version_id, pa.string()))
+
+    return attribute
+
+
+
+def pane_totals(packets: DataFrame, mapping: Mapping, status: str) -> DataFrame:
+    """Per (pane, source, account, direction) totals of ``packets``, with ``status``."""
+
+    per_address = packets.groupBy(pane_start().alias("pane_start"), "source", "local_ip", "direction").agg(
+        F.sum("bytes").cast("long").alias("bytes"), F.count(F.lit(1)).cast("long").alias("packets"))
+    attributed = per_address.mapInArrow(
+        _attribute(mapping),
+        "pane_start timestamp, source string, local_ip string, direction string, bytes long, packets long, "
+        "account string, mapping_version string")
+    return _finish(attributed.groupBy(*KEY).agg(F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")),
+                   status)
+
+
+def pane_rows(per_address, mapping: Mapping, status: str, existing=None):
+    """Arrow twin of ``pane_totals`` for ingest: per-address pane parts (plus ``existing`` pane rows) → pane rows.
+
+    ``per_address`` holds (pane_start, source, local_ip, direction, bytes, packets) sums, as the
+    ingest tasks leave them; the attribution is the same per-task function Spark runs above.
+    """
+    import pyarrow as pa
+
+    rows = attributed_parts(per_address, mapping)
+    if existing is not None:
+        rows = pa.concat_tables([rows, existing.select([*KEY, "bytes", "packets"]).cast(rows.schema)])
+    return sum_pane_rows(rows, status)
+
+
+def attributed_parts(per_address, mapping: Mapping):
+    """Per-address pane parts → per (pane, source, account, direction, mapping version) sums.
+
+    Attribution is per address and pane, so parts attributed apart and summed equal parts
+    summed and then attributed: a freeze task attributes its own parts (``traffic.accounting.freeze_tasks``).
+    """
+    import pyarrow as pa
+
+
+    amounts = {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")}
+    summed = group_sums(per_address, ["pane_start", "source", "local_ip", "direction"], amounts)
+    attributed = pa.Table.from_batches(list(_attribute(mapping)(iter(summed.to_batches()))),
+                                       schema=summed.schema.append(pa.field("account", pa.string()))
+                                       .append(pa.field("mapping_version", pa.string())))
+    return group_sums(attributed.select([*KEY, "bytes", "packets"]), list(KEY), amounts)
+
+
+def sum_pane_rows(rows, status: str):
+    """Attributed pane parts (or rows) summed per pane key, as ``panes`` rows with ``status``."""
+    import pyarrow as pa
+
+
+    grouped = group_sums(rows, list(KEY), {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")})
+    return grouped.append_column("hour", floor_to(grouped.column("pane_start"), 3_600_000_000)) \
+                  .append_column("status", pa.repeat(pa.scalar(status), grouped.num_rows))
+
+
+def _finish(panes: DataFrame, status: str) -> DataFrame:
+    return (panes.withColumn("hour", F.date_trunc("hour", "pane_start"))
+            .withColumn("bytes", F.col("bytes").cast("long"))
+            .withColumn("packets", F.col("packets").cast("long"))
+            .withColumn("status", F.lit(status)))

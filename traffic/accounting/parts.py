@@ -1,0 +1,124 @@
+"""Per-pair and per-pane partial totals as Arrow tables: what tasks leave and the driver sums.
+
+Pure Arrow over plain tables (no Spark, no storage): ingest tasks, freeze tasks, the driver's
+sums and the Spark transforms share these shapes and sums, so executor code needs nothing else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_TS = pa.timestamp("us", tz="UTC")
+_PANE_US = 300_000_000
+
+#: The amounts every per-pair total carries (hourly, daily, monthly rows and their parts).
+AMOUNTS = ("bytes", "packets", "bytes_in", "bytes_out")
+SUMMARY = pa.schema([("fate", pa.string()), ("source", pa.string()), ("pane", _TS), ("records", pa.int64()),
+                     ("bytes", pa.int64()), ("max_ts", _TS)])
+HOURLY_PARTS = pa.schema([("hour", _TS), ("local_ip", pa.string()), ("remote_ip", pa.string()),
+                          ("bytes", pa.int64()), ("packets", pa.int64()), ("bytes_in", pa.int64()),
+                          ("bytes_out", pa.int64())])
+PANE_PARTS = pa.schema([("pane_start", _TS), ("source", pa.string()), ("local_ip", pa.string()),
+                        ("direction", pa.string()), ("bytes", pa.int64()), ("packets", pa.int64())])
+REJECT_ROWS = pa.schema([("source", pa.string()), ("input_file", pa.string()), ("record", pa.string()),
+                         ("reason", pa.string()), ("ts", _TS)])
+#: Per hour, rows of the open and the recomputed side without an equal row on the other (a freeze's check).
+DIFFERING = pa.schema([("hour", _TS), ("n", pa.int64())])
+#: Pane parts attributed to accounts (``panes.attributed_parts``), as freeze tasks leave them.
+ACCOUNT_PARTS = pa.schema([("pane_start", _TS), ("source", pa.string()), ("account", pa.string()),
+                           ("direction", pa.string()), ("mapping_version", pa.string()), ("bytes", pa.int64()),
+                           ("packets", pa.int64())])
+#: Per-hour Σ bytes and rows of raw detail (what a freeze task read, for the ledger's reconciliation).
+RAW_SUMS = pa.schema([("hour", _TS), ("bytes", pa.int64()), ("packets", pa.int64())])
+_PARTS = {"summary": SUMMARY, "hourly": HOURLY_PARTS, "panes": PANE_PARTS, "rejects": REJECT_ROWS, "raw": RAW_SUMS,
+          "accounts": ACCOUNT_PARTS, "differing": DIFFERING}
+
+
+def floor_to(ts: pa.Array | pa.ChunkedArray, unit_us: int) -> pa.Array:
+    """Timestamps floored to a whole number of ``unit_us`` (an hour, a 5-minute pane); nulls stay null."""
+    since_epoch = pc.cast(ts, pa.int64())
+    if isinstance(since_epoch, pa.ChunkedArray):
+        since_epoch = since_epoch.combine_chunks()
+    mask = pc.is_null(since_epoch).to_numpy(zero_copy_only=False) if since_epoch.null_count else None
+    values = pc.fill_null(since_epoch, 0).to_numpy()
+    return pa.array(values // unit_us * unit_us, pa.int64(), mask=mask).cast(_TS)
+
+
+def group_sums(table: pa.Table, keys: list[str], outputs: dict[str, tuple], schema: pa.Schema | None = None) -> pa.Table:
+    """Group ``table`` by ``keys``; each output column is ``(input column, Arrow aggregation)``.
+
+    Returns the keys then the outputs, in that order, cast to ``schema`` when given.
+    """
+    grouped = table.group_by(keys, use_threads=False).aggregate(list(outputs.values()))
+    arrow_names = {"count_all" if column == [] else f"{column}_{how}": name for name, (column, how) in outputs.items()}
+    grouped = grouped.rename_columns([arrow_names.get(c, c) for c in grouped.column_names]).select([*keys, *outputs])
+    return grouped.select(schema.names).cast(schema) if schema is not None else grouped
+
+
+def with_direction_bytes(packets: pa.Table) -> pa.Table:
+    """``bytes_in``/``bytes_out`` per packet: known directions only (so in + out <= bytes)."""
+    zero = pa.scalar(0, pa.int64())
+    direction, amount = packets.column("direction"), packets.column("bytes")
+    def only(value: str):
+        return pc.if_else(pc.fill_null(pc.equal(direction, value), False), amount, zero)
+
+    return packets.append_column("bytes_in", only("in")).append_column("bytes_out", only("out"))
+
+
+def hourly_parts(packets: pa.Table) -> pa.Table:
+    """Per (hour, local_ip, remote_ip) totals of on-time packets."""
+    return group_sums(with_direction_bytes(packets), ["hour", "local_ip", "remote_ip"],
+                      {"bytes": ("bytes", "sum"), "packets": ([], "count_all"), "bytes_in": ("bytes_in", "sum"),
+                       "bytes_out": ("bytes_out", "sum")}, HOURLY_PARTS)
+
+
+def pane_parts(packets: pa.Table) -> pa.Table:
+    """Per (pane, source, local_ip, direction) totals of on-time packets (attributed to accounts later)."""
+    table = pa.table({"pane_start": floor_to(packets.column("ts"), _PANE_US), "source": packets.column("source"),
+                      "local_ip": packets.column("local_ip"), "direction": packets.column("direction"),
+                      "bytes": packets.column("bytes")})
+    return group_sums(table, ["pane_start", "source", "local_ip", "direction"],
+                      {"bytes": ("bytes", "sum"), "packets": ([], "count_all")}, PANE_PARTS)
+
+
+def part_path(scratch: str, what: str, chunk: int, attempt: int) -> Path:
+    return Path(scratch) / f"{what}-c{chunk:05d}-a{attempt}.arrow"
+
+
+def file_part(chunk: int, attempt: int) -> str:
+    """The name every parquet file a task writes carries (one per cluster key)."""
+    return f"part-c{chunk:05d}-a{attempt}"
+
+
+def save_part(scratch: str, what: str, chunk: int, attempt: int, table: pa.Table) -> None:
+    """Leave one kind of part of one task in the scratch folder (read back with ``read_parts``)."""
+    import pyarrow.feather as feather
+
+    feather.write_feather(table.cast(_PARTS[what]), str(part_path(scratch, what, chunk, attempt)),
+                          compression="uncompressed")
+
+
+def read_parts(scratch: str, what: str, attempts: dict[int, int]) -> pa.Table:
+    """One kind of part left by the tasks, from each chunk's final attempt."""
+    import pyarrow.feather as feather
+
+    tables = [feather.read_table(str(part_path(scratch, what, chunk, attempt)))
+              for chunk, attempt in sorted(attempts.items())]
+    return pa.concat_tables([t.cast(_PARTS[what]) for t in tables]) if tables else _PARTS[what].empty_table()
+
+
+def combine_summary(parts: pa.Table) -> pa.Table:
+    """Per (fate, source, pane) summary of the whole batch from the tasks' summaries."""
+    return group_sums(parts, ["fate", "source", "pane"],
+                      {"records": ("records", "sum"), "bytes": ("bytes", "sum"), "max_ts": ("max_ts", "max")}, SUMMARY)
+
+
+def sum_hourly(rows: pa.Table, status: str) -> pa.Table:
+    """Per (hour, local_ip, remote_ip) sums of hourly rows or parts, as ``hourly`` rows with ``status``."""
+    grouped = group_sums(rows, ["hour", "local_ip", "remote_ip"],
+                         {c: (c, "sum") for c in AMOUNTS})
+    return grouped.append_column("day", pc.cast(grouped.column("hour"), pa.date32())) \
+                  .append_column("status", pa.repeat(pa.scalar(status), grouped.num_rows))

@@ -1,0 +1,2 @@
+"""The command line and the demo: argument parsing, printing, exit codes.
+"""

@@ -1,0 +1,493 @@
+"""``traffic`` — the command line: ingest, close, run, status, show, report, accept, replay, bill, spark, demo.
+
+Errors a person can fix print one line and exit 2 (a file or folder this user may not write, or
+a full or read-only disk, among them); a failed check exits 3; anything unexpected prints one line
+(and the details with ``--debug``) and exits 1. When the reader of the output goes away
+(``traffic status | head``) the command stops quietly with 141, as a shell tool killed by SIGPIPE
+does. Names and reasons from outside are printed with their control characters escaped
+(``traffic.core.text``), so no file name or record can send escape sequences to the terminal.
+
+Each command imports what it runs inside its function (``# deferred: per command``): ``traffic
+status`` or ``--help`` never loads pyspark, Great Expectations or the Delta writer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import select
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from traffic import __version__
+from traffic.app.console import fmt_ts, print_batch, print_close, print_timings, progress
+from traffic.core.text import printable, printable_lines
+
+UTC = timezone.utc
+EXIT_USER, EXIT_CHECK, EXIT_BUG = 2, 3, 1
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader went away
+
+_SETTING_OPTIONS = {
+    "warehouse": "warehouse root (default ./warehouse)",
+    "inbox": "inbox directory (default ./inbox)",
+    "keep_hours": "hours of raw detail to keep after freezing (default 24)",
+    "allowed_lateness": "seconds the watermark trails the source clocks (default 0)",
+    "source_timeout": "seconds after which a quiet source stops holding the watermark (default 3600)",
+    "local_networks": "comma-separated CIDRs of the local side (captures)",
+    "expected_sources": "comma-separated sources expected every 5 minutes (completeness)",
+    "engine": "Delta engine: auto, rs or spark",
+    "spark_master": "Spark master (default auto: the warm server of `traffic spark start`, else local[2])",
+}
+
+
+def _settings(args):
+    from traffic.core.settings import load_settings  # deferred: per command (see the docstring)
+
+    overrides = {name: getattr(args, name, None) for name in _SETTING_OPTIONS}
+    for item in getattr(args, "set", None) or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            from traffic.core.settings import SettingsError  # deferred: per command (see the docstring)
+
+            raise SettingsError(f"--set {item!r}: expected name=value")
+        overrides[name.strip().replace("-", "_")] = value
+    return load_settings(args.config, overrides=overrides)
+
+
+class SparkHolder:
+    """Starts Spark on first use only (so 'nothing to do' never pays for a JVM), then reuses it."""
+
+    def __init__(self, settings, app_name: str, spark=None):
+        self.settings = settings
+        self.app_name = app_name
+        self.spark = spark
+        self.started_in = 0.0
+
+    def __call__(self):
+        if self.spark is None:
+            from traffic.runtime import jvm  # deferred: per command (see the docstring)
+            from traffic.runtime.spark import build_spark, resolve_master  # deferred: only a command that needs Spark
+
+            clock = time.perf_counter()
+            master = resolve_master(self.settings)
+            if master.startswith("sc://"):
+                from traffic.runtime.connect import without_token  # deferred: with the session, not at CLI start
+
+                print(f"connecting to the warm Spark at {without_token(master)} …", file=sys.stderr, flush=True)
+            else:
+                jit = "quick-start JVM" if jvm.quick(self.settings.spark_jit) else \
+                    f"full JIT: {jvm.big_job()}" if jvm.big_job() else "full JIT"
+                print(f"starting Spark ({jit}) …", file=sys.stderr, flush=True)
+            self.spark = build_spark(self.settings.replace(spark_master=master), self.app_name)
+            self.started_in = time.perf_counter() - clock
+        return self.spark
+
+    def stop(self):
+        if self.spark is not None:
+            self.spark.stop()
+            self.spark = None
+
+
+def cmd_ingest(args, settings, spark) -> int:
+    from traffic.app.runs import ingest  # deferred: per command (see the docstring)
+
+    result = ingest(settings, spark, progress)
+    print_batch(result)
+    print_timings(args, "ingest", result, spark)
+    return 0
+
+
+def _until(args):
+    if not getattr(args, "until", None):
+        return None
+    from traffic.core.settings import _parse_now  # deferred: per command (see the docstring)
+
+    return _parse_now("--until", args.until)
+
+
+def _close_and_print(args, settings, spark, until, only=None) -> int:
+    """Run a close and print what it did; a failed critical check is re-raised (exit 3) after printing."""
+    from traffic.accounting.close import CheckFailed  # deferred: per command (see the docstring)
+    from traffic.app.runs import close  # deferred: per command (see the docstring)
+
+    try:
+        result = close(settings, spark, until, progress, only=only)
+    except CheckFailed as error:
+        if error.result is not None:
+            print_close(error.result)
+        raise
+    print_close(result)
+    print_timings(args, "close", result, spark)
+    return EXIT_CHECK if result.failed else 0
+
+
+def cmd_close(args, settings, spark) -> int:
+    only = tuple(step.strip() for step in args.only.split(",")) if args.only else None
+    return _close_and_print(args, settings, spark, _until(args), only)
+
+
+def cmd_run(args, settings, spark) -> int:
+    from traffic.app.runs import ingest  # deferred: per command (see the docstring)
+
+    result = ingest(settings, spark, progress)
+    print_batch(result)
+    print_timings(args, "ingest", result, spark)
+    return _close_and_print(args, settings, spark, _until(args))
+
+
+def cmd_report(args, settings, spark) -> int:
+    from traffic.reporting.html_report import write_report  # deferred: per command (see the docstring)
+    from traffic.core.settings import SettingsError, parse_duration  # deferred: per command (see the docstring)
+
+    top_last = parse_duration("--top-last", args.top_last)
+    if top_last.total_seconds() <= 0:
+        raise SettingsError("--top-last must be a positive duration (24h, 7d, 90m)")
+    path = write_report(settings, top_last)
+    print(f"report: {printable(path)}")
+    return 0
+
+
+def cmd_accept(args, settings, spark) -> int:
+    import getpass
+
+    from traffic.reporting.html_report import refresh_report  # deferred: per command (see the docstring)
+    from traffic.quality.suites import accept, period_label  # deferred: per command (see the docstring)
+
+    row = accept(settings, args.period, args.reason, args.by or getpass.getuser())
+    print(f"accept: {row['grain']} {period_label(row['grain'], row['period_start'])} is accepted by "
+          f"{printable(row['accepted_by'])} ({printable(row['accepted_reason'])}); "
+          f"it failed: {printable(row.get('dq_note') or '-')}")
+    print("accept: roll-ups over it proceed at the next `traffic close`")
+    refresh_report(settings, progress)
+    return 0
+
+
+def cmd_status(args, settings, spark) -> int:
+    from traffic.reporting.report import status  # deferred: per command (see the docstring)
+
+    info = status(settings)
+    if args.json:
+        print(json.dumps(info, indent=1, default=str))
+        return 0
+    print(f"warehouse   {printable(settings.warehouse)}")
+    print(f"watermark   {fmt_ts(info['watermark'])}")
+    print(f"first hour  {fmt_ts(info['first_hour'])}")
+    for source, clock in sorted(info["clocks"].items()):
+        live = "live" if source in info["live_sources"] else "stalled"
+        if source in info["far_ahead"]:
+            live += f", {info['far_ahead'][source]} ahead of the others"
+        print(f"  source {printable(source):<16} clock {fmt_ts(clock)}  ({printable(live)})")
+    print(f"open hours  {', '.join(info['open_hours']) or '-'}")
+    for grain in ("hour", "day", "month"):
+        print(f"last closed {grain:<5} {info['last_closed'].get(grain) or '-'}")
+    if info["pending_batch"]:
+        print(f"pending     batch {info['pending_batch']} was interrupted; the next ingest or close finishes it")
+    print("tables      " + ", ".join(f"{t} v{v}" for t, v in info["versions"].items()))
+    for warning in info["warnings"]:
+        print(f"warning     {printable(warning)}")
+    return 0
+
+
+def cmd_show(args, settings, spark) -> int:
+    from traffic.reporting.report import show  # deferred: per command (see the docstring)
+
+    print(printable_lines(show(settings, args.what, args.__dict__.get("from"), args.to, args.top)))
+    return 0
+
+
+def cmd_top(args, settings, spark) -> int:
+    from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
+    from traffic.core.settings import parse_duration  # deferred: per command (see the docstring)
+    from traffic.reporting.top import top_talkers  # deferred: per command (see the docstring)
+
+    result = top_talkers(Warehouse(settings, engine="rs"), parse_duration("--last", args.last), args.by, args.limit)
+    if args.json:
+        print(json.dumps({"by": result.by, "start": result.start, "end": result.end, "keys": result.keys,
+                          "note": result.note, "rows": result.rows}, indent=1, default=str))
+        return 0
+    print(f"top {len(result.rows)} of {result.keys:,} {args.by}s by bytes, "
+          f"{fmt_ts(result.start)} → {fmt_ts(result.end)} (the watermark)")
+    if result.note:
+        print(f"note: {printable(result.note)}")
+    label = "account" if args.by == "account" else "address"
+    print(f"{label:<40} {'bytes':>16} {'packets':>12} {'in':>16} {'out':>16}")
+    for row in result.rows:
+        print(f"{printable(row['key'] or '-'):<40} {row['bytes']:>16,} {row['packets']:>12,} {row['bytes_in']:>16,} "
+              f"{row['bytes_out']:>16,}")
+    return 0
+
+
+def cmd_replay(args, settings, spark) -> int:
+    from traffic.app.runs import replay  # deferred: per command (see the docstring)
+    from traffic.core.settings import SettingsError, _parse_now  # deferred: per command (see the docstring)
+
+    if args.restate and not args.reason:
+        raise SettingsError("--restate needs --reason (it is recorded in the ledger)")
+    start, end = _parse_now("--from", args.__dict__["from"]), _parse_now("--to", args.to)
+    batch, closed = replay(settings, spark, Path(args.input), start, end, args.source,
+                           args.reason if args.restate else None, progress)
+    if batch.nothing_to_do:
+        print(f"replay: every file in {printable(args.input)} was already counted for this range")
+    else:
+        print_batch(batch)
+        if batch.records_skipped:
+            print(f"        {batch.records_skipped:,} record(s) outside {start:%Y-%m-%d %H:%M} → {end:%Y-%m-%d %H:%M} "
+                  "were not counted")
+    print_close(closed)
+    print_timings(args, "replay", batch, spark)
+    print_timings(args, "close", closed)
+    return EXIT_CHECK if closed.failed else 0
+
+
+def cmd_bill(args, settings, spark) -> int:
+    """Print the bills of a period: stored ones when it is closed, else computed from final panes (provisional)."""
+    from traffic.accounting.bills import compute_period, stored_bills  # deferred: per command (see the docstring)
+    from traffic.core.billing import BillingError  # deferred: per command (see the docstring)
+    from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
+    from traffic.core.settings import SettingsError  # deferred: per command (see the docstring)
+
+    warehouse = Warehouse(settings, engine="rs")
+    if not warehouse.exists():
+        raise SettingsError(f"no warehouse at {settings.warehouse}")
+    try:
+        result = compute_period(warehouse, args.period, args.account)
+        stored = stored_bills(warehouse, result.period)
+    except BillingError as error:
+        raise SettingsError(str(error)) from None
+    if stored:
+        rows = [r for r in stored if args.account is None or r["account"] == args.account]
+        status = "final, stored"
+    else:
+        from traffic.accounting.bills import bill_rows  # deferred: per command (see the docstring)
+
+        rows = bill_rows(result)
+        status = ("final, not stored (a close stores closed periods in order)" if result.final else
+                  f"provisional: {result.hours_final} of {result.hours_needed} hour(s) final; not stored")
+    if args.json:
+        doc = {"period": result.period.label, "period_start": result.period.start_utc.isoformat(),
+               "period_end": result.period.end_utc.isoformat(), "final": result.final, "stored": bool(stored),
+               "bills": [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items()} for r in rows]}
+        print(json.dumps(doc, indent=1))
+        return 0
+    period = result.period
+    first = rows[0] if rows else {**result.settings, "panes": period.pane_count, "p95_rank": None}
+    print(f"bill {period.label}: {period.start_utc:%Y-%m-%d %H:%M} → {period.end_utc:%Y-%m-%d %H:%M} UTC, "
+          f"{first['panes']:,} panes (95th percentile = pane {first['p95_rank'] or '-'} of them by size), "
+          f"rule {first['billing_rule']}, unknown direction → {first['billing_unknown_direction']}; {status}")
+    print(f"{'account':<20} {'bytes_in':>18} {'bytes_out':>18} {'bytes_total':>18} {'p95_in_bps':>16} "
+          f"{'p95_out_bps':>16} {'billable_bps':>16}")
+    for r in rows:
+        print(f"{printable(r['account']):<20} {r['bytes_in']:>18,} {r['bytes_out']:>18,} {r['bytes_total']:>18,} "
+              f"{r['p95_in_bps']:>16,.3f} {r['p95_out_bps']:>16,.3f} {r['billable_bps']:>16,.3f}")
+    versions = sorted({v for r in rows for v in r["mapping_versions"]})
+    print(f"mapping version(s): {printable(', '.join(versions) or '-')}")
+    return 0
+
+
+def cmd_spark(args, settings, spark) -> int:
+    """Start, stop or show the warehouse's warm Spark Connect server (127.0.0.1 only)."""
+    from traffic.runtime import connect  # deferred: per command (see the docstring)
+    from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
+
+    state_dir = Warehouse(settings, engine="rs").state_dir()
+    if args.action == "start":
+        clock = time.perf_counter()
+        print("starting Spark Connect (127.0.0.1) …", file=sys.stderr, flush=True)
+        record, started = connect.start_recorded(state_dir, args.port, os.environ.get("SPARK_DRIVER_MEMORY", "2g"),
+                                                 settings.shuffle_partitions)
+        if not started:
+            print(f"spark: already running at {record['url']} (pid {record['pid']}, since {record['started_at']})")
+            return 0
+        print(f"spark: warm server ready at {record['url']} in {time.perf_counter() - clock:.1f} s "
+              f"(pid {record['pid']}, log {printable(record['log'])}); jobs on {printable(settings.warehouse)} "
+              "use it until `traffic spark stop`")
+        return 0
+    if args.action == "stop":
+        record = connect.stop_recorded(state_dir)
+        print(f"spark: stopped the server at {record['url']} (pid {record['pid']})" if record
+              else "spark: no warm server is running for this warehouse")
+        return 0
+    record = connect.recorded_server(state_dir)
+    print(f"spark: running at {record['url']} (pid {record['pid']}, since {record['started_at']}, "
+          f"log {printable(record['log'])})"
+          if record else "spark: no warm server; jobs start their own local Spark (`traffic spark start` keeps one warm)")
+    return 0
+
+
+def cmd_demo(args, settings, spark) -> int:
+    from traffic.app import runs  # deferred: per command (see the docstring)
+    from traffic.app.demo import run_demo  # deferred: see above
+
+    return run_demo(settings, spark, Path(args.dir), runs.ingest, runs.close, progress=progress)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="traffic", description="Traffic accounting lakehouse.")
+    parser.add_argument("--version", action="version", version=f"traffic {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="TOML config file (or TRAFFIC_CONFIG)")
+    for name, text in _SETTING_OPTIONS.items():
+        common.add_argument(f"--{name.replace('_', '-')}", dest=name, help=text)
+    common.add_argument("--set", action="append", metavar="NAME=VALUE", help="any other setting (repeatable)")
+    common.add_argument("--debug", action="store_true", help="show full tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    timed = argparse.ArgumentParser(add_help=False)
+    timed.add_argument("--timings", action="store_true", help="print where the time went, per step (stderr)")
+    sub.add_parser("ingest", parents=[common, timed], help="ingest what is new in the inbox (one micro-batch)")
+    close = sub.add_parser("close", parents=[common, timed], help="freeze closed hours, roll up days/months, expire")
+    close.add_argument("--until", help="stop at this hour (ISO time): freeze hours ending by then")
+    close.add_argument("--only", help="comma-separated steps to run: freeze, days, months, expire (default all)")
+    run = sub.add_parser("run", parents=[common, timed], help="ingest then close: one tick")
+    run.add_argument("--until", help="as for close")
+    status = sub.add_parser("status", parents=[common], help="watermark, clocks, open hours, last closed periods")
+    status.add_argument("--json", action="store_true")
+    show = sub.add_parser("show", parents=[common], help="print a table")
+    show.add_argument("what", choices=["hourly", "daily", "monthly", "periods", "late", "rejects", "batches",
+                                       "account-daily", "account-monthly"])
+    show.add_argument("--from", help="first period (ISO date or time)")
+    show.add_argument("--to", help="end of the range, exclusive (ISO date or time)")
+    show.add_argument("--top", type=int, default=20, help="rows to print (largest by bytes first)")
+    replay = sub.add_parser("replay", parents=[common, timed],
+                            help="import archived files for a time range (or restate a frozen range), then close")
+    replay.add_argument("--from", required=True, help="start of the range (ISO time, inclusive)")
+    replay.add_argument("--to", required=True, help="end of the range (ISO time, exclusive)")
+    replay.add_argument("--input", required=True, help="folder of archived files (sub-folder = source)")
+    replay.add_argument("--source", help="source of every file (default: sub-folder name, else 'default')")
+    replay.add_argument("--restate", action="store_true", help="replace the frozen range from the archive (audited)")
+    replay.add_argument("--reason", help="why the range is restated (required with --restate)")
+    top = sub.add_parser("top", parents=[common], help="top talkers over a window ending at the watermark (no Spark)")
+    top.add_argument("--last", required=True, help="window length: 15m, 1h, 24h, 7d (any duration)")
+    top.add_argument("--by", default="host", choices=["host", "peer", "account"],
+                     help="host = local address, peer = remote address, account = accounts_file (default host)")
+    top.add_argument("--limit", type=int, default=10, help="rows to print (default 10)")
+    top.add_argument("--json", action="store_true")
+    report = sub.add_parser("report", parents=[common],
+                            help="write the HTML traffic report to <warehouse>/_reports/index.html (no Spark)")
+    report.add_argument("--top-last", default="24h",
+                        help="window of the top-talkers tables, ending at the watermark (default 24h; 7d, 90m …)")
+    accept = sub.add_parser("accept", parents=[common],
+                            help="accept a period that failed its checks (audited); roll-ups then proceed")
+    accept.add_argument("--period", required=True, help="the failed period: 2026-11 (month), 2026-11-01 (day) "
+                        "or 2026-11-01T10:00Z (hour)")
+    accept.add_argument("--reason", required=True, help="why it is accepted (kept in the ledger)")
+    accept.add_argument("--by", help="who accepts it (default: the user running the command)")
+    bill = sub.add_parser("bill", parents=[common],
+                          help="bills of a billing period per account: volume and 95th-percentile rate (no Spark)")
+    bill.add_argument("--period", required=True, help="the billing period, by the month it starts in (2026-10)")
+    bill.add_argument("--account", help="one account (default: every account)")
+    bill.add_argument("--json", action="store_true", help="print the bills as JSON (exact integers and rates)")
+    spark = sub.add_parser("spark", parents=[common],
+                           help="keep a warm Spark for this warehouse: start, stop or status of a local Spark Connect "
+                                "server that later jobs use (spark_master auto)")
+    spark.add_argument("action", choices=["start", "stop", "status"])
+    spark.add_argument("--port", type=int, help="port on 127.0.0.1 (default: a free one)")
+    demo = sub.add_parser("demo", parents=[common], help="generate sample traffic and run the whole pipeline on it")
+    demo.add_argument("--dir", default="demo", help="folder for the demo's inbox and warehouse (default ./demo)")
+    return parser
+
+
+COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": cmd_status, "show": cmd_show,
+            "top": cmd_top, "bill": cmd_bill, "report": cmd_report, "accept": cmd_accept, "replay": cmd_replay,
+            "spark": cmd_spark, "demo": cmd_demo}
+
+
+#: File-system errors a person fixes (ownership and permissions, a read-only mount, a full disk), with the hint.
+_FIXABLE = {
+    errno.EACCES: "this user may not use it: run as the warehouse's owner, or fix its owner and permissions",
+    errno.EPERM: "this user may not use it: run as the warehouse's owner, or fix its owner and permissions",
+    errno.EROFS: "it is on a read-only file system",
+    errno.ENOSPC: "the disk is full: free some space (an interrupted batch is finished by the next run)",
+    errno.EDQUOT: "this user's disk quota is used up (an interrupted batch is finished by the next run)",
+}
+
+
+def _fixable_problem(error: OSError) -> str:
+    """One line for a file-system error a person can fix: the path, what went wrong, what to do."""
+    where = " → ".join(printable(name) for name in (error.filename, error.filename2) if name is not None)
+    what = error.strerror or type(error).__name__
+    return f"{where}: {what} ({_FIXABLE[error.errno]})" if where else f"{what} ({_FIXABLE[error.errno]})"
+
+
+def _unexpected(args, error: BaseException) -> int:
+    """The last line of defence: one line, not a JVM trace (the details with ``--debug``)."""
+    if getattr(args, "debug", False):
+        raise error
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    print(f"traffic {args.command}: failed: {type(error).__name__}: {printable(first[:500])} (rerun with --debug)",
+          file=sys.stderr)
+    return EXIT_BUG
+
+
+def _reader_gone() -> bool:
+    """After a ``BrokenPipeError``: if stdout's (or stderr's) reader has gone, point it at /dev/null so
+    nothing more (the interpreter's last flush included) fails on it, and say so; False otherwise."""
+    gone = False
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            poller = select.poll()
+            poller.register(stream.fileno(), select.POLLOUT)
+            broken = any(events & select.POLLERR for _, events in poller.poll(0))
+        except (OSError, ValueError):  # not a file descriptor (a test's capture): nothing to redirect
+            continue
+        if broken:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+            gone = True
+    return gone
+
+
+def main(argv: list[str] | None = None, spark=None) -> int:
+    """Entry point of the console script (and of ``jobs/*.py`` with their own session)."""
+    from traffic.accounting.close import CheckFailed  # deferred: per command (see the docstring)
+    from traffic.storage.delta import StorageError  # deferred: per command (see the docstring)
+    from traffic.io.inbox import InboxError  # deferred: per command (see the docstring)
+    from traffic.storage.journal import LockTimeout  # deferred: per command (see the docstring)
+    from traffic.quality.suites import AcceptError  # deferred: per command (see the docstring)
+    from traffic.core.settings import SettingsError  # deferred: per command (see the docstring)
+    from traffic.reporting.top import TopError  # deferred: per command (see the docstring)
+
+    args = build_parser().parse_args(argv)
+    holder = None
+    try:
+        settings = _settings(args)
+        if args.command == "demo":
+            base = Path(args.dir).absolute()
+            settings = settings.replace(warehouse=base / "warehouse", inbox=base / "inbox")
+        holder = SparkHolder(settings, f"traffic-{args.command}", spark)
+        code = COMMANDS[args.command](args, settings, holder)
+        sys.stdout.flush()  # here, not at exit: a reader gone by now is handled below
+        return code
+    except BrokenPipeError as error:
+        if _reader_gone():
+            return EXIT_PIPE
+        return _unexpected(args, error)
+    except (SettingsError, InboxError, LockTimeout, StorageError, AcceptError, TopError) as error:
+        print(f"traffic {args.command}: error: {printable(error)}", file=sys.stderr)
+        return EXIT_USER
+    except CheckFailed as error:
+        print(f"traffic {args.command}: check failed: {printable(error)}", file=sys.stderr)
+        return EXIT_CHECK
+    except KeyboardInterrupt:
+        print(f"traffic {args.command}: interrupted (an interrupted batch is finished by the next run)",
+              file=sys.stderr)
+        return 130
+    except OSError as error:
+        if error.errno not in _FIXABLE:
+            return _unexpected(args, error)
+        print(f"traffic {args.command}: error: {_fixable_problem(error)}", file=sys.stderr)
+        return EXIT_USER
+    except Exception as error:  # noqa: BLE001 - the last line of defence: one line, not a JVM trace
+        return _unexpected(args, error)
+    finally:
+        if holder is not None and spark is None:
+            holder.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""``traffic demo``: realistic sample traffic through the whole pipeline, then what a person wants to see.
+
+The sample spans 2026-10-31 20:00 → 2026-11-02 02:00 UTC (a day change and a month change)
+from three sources: ``edge-a`` (router-feed CSV), ``edge-b`` (JSON lines with directions)
+and ``quiet`` (clock ticks only). Deliveries arrive every few hours of event time; one of
+them carries late records for a closed hour, bad lines and a re-delivered file.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from traffic.core.settings import Settings
+
+UTC = timezone.utc
+START = datetime(2026, 10, 31, 20, tzinfo=UTC)
+END = datetime(2026, 11, 2, 2, tzinfo=UTC)
+LOCAL_HOSTS = [f"192.0.2.{i}" for i in range(10, 30)] + ["2001:db8:100::10", "2001:db8:100::11"]
+REMOTE_V4 = [f"198.51.100.{i}" for i in range(1, 40)] + [f"203.0.113.{i}" for i in range(1, 20)]
+REMOTE_V6 = ["2001:db8:beef::1", "2001:db8:beef::2", "2001:db8:cafe::53"]
+
+
+def _micros(ts: datetime) -> int:
+    return int(ts.timestamp()) * 1_000_000 + ts.microsecond
+
+
+def _packet(rng: random.Random, ts: datetime) -> tuple[str, str, int, int, int]:
+    local = rng.choice(LOCAL_HOSTS[:4]) if rng.random() < 0.5 else rng.choice(LOCAL_HOSTS)  # a few heavy users
+    remote = rng.choice(REMOTE_V6) if ":" in local else rng.choice(REMOTE_V4)
+    size = rng.choice([64, 64, 120, 576, 1500, 1500, 1500]) if ":" not in local else rng.choice([80, 1280, 1500])
+    return local, remote, rng.randint(1024, 65535), rng.choice([53, 80, 443, 443, 8443]), size
+
+
+def generate(inbox: Path, start: datetime, end: datetime, seed: int = 7) -> None:
+    """One delivery: traffic of ``[start, end)`` from every source, as files in ``inbox/<source>/``."""
+    rng = random.Random(f"{seed}-{start.isoformat()}")
+    tag = f"{start:%Y%m%dT%H}"
+    lines_a, lines_b, ticks = [], [], []
+    t = start
+    while t < end:
+        busy = 1.0 + 2.0 * (8 <= t.hour < 20)
+        for _ in range(int(rng.expovariate(1 / (12 * busy))) + 1):
+            ts = t + timedelta(microseconds=rng.randrange(60_000_000))
+            local, remote, lport, rport, size = _packet(rng, ts)
+            lines_a.append(f"new,OP_INSERT,{_micros(ts)},{local},{remote},{lport},{rport},{size}")
+        for _ in range(rng.randint(2, 10)):
+            ts = t + timedelta(microseconds=rng.randrange(60_000_000))
+            local, remote, lport, rport, size = _packet(rng, ts)
+            lines_b.append(json.dumps({"ts": ts.isoformat(), "local_ip": local, "remote_ip": remote,
+                                       "local_port": lport, "remote_port": rport, "protocol": 6,
+                                       "bytes": size, "direction": rng.choice(["in", "in", "out"])}))
+        if t.minute % 5 == 0:
+            ticks.append(f"new,OP_INSERT,{_micros(t)}")
+        t += timedelta(minutes=1)
+    # Every source reports up to the end of the delivery, so the watermark reaches it.
+    for lines in (lines_a, ticks):
+        lines.append(f"new,OP_INSERT,{_micros(end - timedelta(microseconds=1))}")
+    lines_b.append(json.dumps({"ts": (end - timedelta(microseconds=1)).isoformat()}))
+    for source, name, lines in (("edge-a", f"feed-{tag}.csv", lines_a), ("edge-b", f"flows-{tag}.jsonl", lines_b),
+                                ("quiet", f"ticks-{tag}.csv", ticks)):
+        folder = inbox / source
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("\n".join(lines) + "\n")
+
+
+def add_trouble(inbox: Path, closed_hour: datetime) -> None:
+    """Late records for a closed hour, lines a router should never send, and a re-delivered file."""
+    folder = inbox / "edge-a"
+    late = [f"new,OP_INSERT,{_micros(closed_hour + timedelta(minutes=m))},192.0.2.10,198.51.100.7,40000,443,1500"
+            for m in (3, 17, 42)]
+    bad = ["new,OP_INSERT,not-a-time,192.0.2.10,198.51.100.7,1,2,3",
+           "new,OP_INSERT,1793500000000000,192.0.2.999,198.51.100.7,1,2,3",
+           "new,OP_DELETE,1793500000000000,192.0.2.10,198.51.100.7,1,2,3",
+           "new,OP_INSERT,1793500000000000,192.0.2.10,198.51.100.7,1,2,-40"]
+    (folder / "late-and-bad.csv").write_text("\n".join(late + bad) + "\n")
+    first = sorted(folder.glob("feed-*.csv"))[0]
+    shutil.copy(first, folder / ("resent-" + first.name))
+
+
+def run_demo(settings: Settings, spark, base: Path, ingest, close, progress=print) -> int:
+    """Generate, run every delivery through ``ingest`` and ``close`` (the CLI's runs), then print the results."""
+    from traffic.app.console import print_batch, print_close  # deferred: with the report, only when the demo runs
+    from traffic.reporting.report import show, status  # deferred: see above
+
+    base = base.absolute()
+    if base.exists():
+        shutil.rmtree(base)
+    inbox = settings.inbox
+    inbox.mkdir(parents=True)
+    print(f"demo: sample traffic {START:%Y-%m-%d %H:%M} → {END:%Y-%m-%d %H:%M} UTC from edge-a, edge-b, quiet")
+    print(f"demo: inbox {inbox}\ndemo: warehouse {settings.warehouse}\n")
+    edges = [START + timedelta(hours=h) for h in range(0, int((END - START) / timedelta(hours=1)) + 1, 5)]
+    if edges[-1] != END:
+        edges.append(END)
+    failed = False
+    for number, (a, b) in enumerate(zip(edges, edges[1:]), start=1):
+        generate(inbox, a, b)
+        if number == 3:
+            add_trouble(inbox, START + timedelta(hours=1))
+        print(f"delivery {number}: {a:%m-%d %H:%M} → {b:%m-%d %H:%M}")
+        print_batch(ingest(settings, spark, progress))
+        result = close(settings, spark, None, progress)
+        print_close(result)
+        failed = failed or bool(result.failed)
+    info = status(settings)
+    print(f"\nwatermark {info['watermark']:%Y-%m-%d %H:%M}; last closed day {info['last_closed']['day']}, "
+          f"month {info['last_closed']['month']}; open hours: {', '.join(info['open_hours']) or 'none'}")
+    for title, what, top in (("Monthly totals (top pairs)", "monthly", 5), ("Daily totals (top pairs)", "daily", 8),
+                             ("Ledger: closed days and months", "periods", 50), ("Late records", "late", 5),
+                             ("Rejected records", "rejects", 10)):
+        text = show(settings, what, None, None, top)
+        if what == "periods":
+            text = "\n".join(line for line in text.splitlines() if not line.startswith("hour "))
+        print(f"\n{title}\n{text}")
+    print(f"\nMore: traffic show hourly --warehouse {settings.warehouse} --top 20   |   "
+          f"traffic status --warehouse {settings.warehouse}")
+    return 3 if failed else 0

@@ -1,0 +1,118 @@
+"""How every run starts and ends: the warehouse lock, the tables, an interrupted batch, then the step.
+
+Each entry point here (ingest, close, replay) takes the warehouse lock, creates any missing table,
+finishes a batch an earlier run left journaled, does its step, and refreshes the report when
+periods were closed. The steps themselves live in ``traffic.accounting``; the CLI, the demo and
+the DAG helpers call these.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+from traffic.accounting.close import CheckFailed, CloseResult, close_locked, rewrite_restated_periods
+from traffic.accounting.ingest import BatchResult, announce_work, plan_batch, run_batch
+from traffic.accounting.replay import plan_replay
+from traffic.core.periods import HOUR
+from traffic.core.settings import Settings
+from traffic.reporting.html_report import refresh_report
+from traffic.runtime import jvm
+from traffic.storage.delta import Warehouse
+from traffic.storage.journal import Journal, warehouse_lock
+
+
+def ingest(settings: Settings, spark_factory: Callable[[], object], progress=print) -> BatchResult:
+    """Run one micro-batch (resuming an interrupted one first). Holds the warehouse lock."""
+    warehouse = Warehouse(settings)
+    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic ingest"):
+        warehouse.create_all()
+        journal = Journal(warehouse.state_dir())
+        plan = journal.load()
+        resumed = plan is not None
+        if plan is None:
+            plan = plan_batch(settings, warehouse)
+            if plan is None:
+                return BatchResult()
+            journal.save(plan)
+        if resumed:
+            progress(f"resuming interrupted batch {plan['batch_id']}")
+        announce_work(plan)
+        warehouse = warehouse.with_spark(spark_factory())
+        result = complete(warehouse, plan, progress)
+        result.resumed = resumed
+        journal.clear()
+        return result
+
+
+def finish_pending(settings: Settings, warehouse: Warehouse, spark_factory, progress=print) -> bool:
+    """Complete an interrupted batch (close and replay call this under the lock)."""
+    journal = Journal(warehouse.state_dir())
+    plan = journal.load()
+    if plan is None:
+        return False
+    progress(f"finishing interrupted {plan.get('mode', 'ingest')} batch {plan['batch_id']} first")
+    announce_work(plan)
+    complete(warehouse.with_spark(spark_factory()), plan, progress)
+    journal.clear()
+    return True
+
+
+def complete(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
+    """Run a journaled plan to its end: the batch, then a restatement's ledger and roll-up rewrite."""
+    result = run_batch(warehouse, plan, progress)
+    if plan.get("restate"):
+        rewrite_restated_periods(warehouse, plan, progress)
+    return result
+
+
+def close(settings: Settings, spark_factory: Callable[[], object], until: datetime | None = None,
+          progress=print, only: tuple[str, ...] | None = None) -> CloseResult:
+    """Freeze, roll up and expire everything the watermark allows (up to ``until``). Holds the lock.
+
+    ``only`` limits the run to some of ``STEPS``; days and months are still only rolled up
+    once all their hours are frozen and published, so running steps separately is safe.
+    Every period produced is checked before it is published; when a critical check fails the
+    run still writes everything else it may, then raises ``CheckFailed`` (CLI exit 3).
+    """
+    warehouse = Warehouse(settings)
+    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic close"):
+        warehouse.create_all()
+        finish_pending(settings, warehouse, spark_factory, progress)
+        result = close_locked(settings, warehouse, spark_factory, until, progress, only)
+        _refresh_if_closed(settings, result, progress)
+    if result.failed:
+        raise CheckFailed("; ".join(result.failed), result)
+    return result
+
+
+def replay(settings: Settings, spark_factory: Callable[[], object], input_dir: Path, start: datetime,
+           end: datetime, source: str | None = None, restate: str | None = None, progress=print):
+    """Import the archive for ``[start, end)`` and close what the watermark allows, under the lock."""
+    warehouse = Warehouse(settings)
+    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic replay"):
+        warehouse.create_all()
+        finish_pending(settings, warehouse, spark_factory, progress)
+        plan = plan_replay(settings, warehouse, Path(input_dir), start, end, source, restate)
+        result = BatchResult()
+        if end - start > jvm.QUICK_MAX_HOURS * HOUR:
+            jvm.expect_big_job(f"a replay of {(end - start) / HOUR:,.0f} hours")
+        if plan is not None:
+            journal = Journal(warehouse.state_dir())
+            journal.save(plan)
+            announce_work(plan)
+            result = complete(warehouse.with_spark(spark_factory()), plan, progress)
+            journal.clear()
+        closed = close_locked(settings, warehouse, spark_factory, None, progress)
+        _refresh_if_closed(settings, closed, progress)
+        return result, closed
+
+
+def _refresh_if_closed(settings: Settings, result: CloseResult, progress) -> None:
+    """Rewrite the report when the run closed periods (its time goes into the close's timings)."""
+    if result.hours_frozen or result.days_rolled or result.months_rolled:
+        clock = time.perf_counter()
+        refresh_report(settings, progress)
+        result.seconds["report"] = time.perf_counter() - clock

@@ -1,0 +1,181 @@
+"""Every time rule of the contract (DESIGN §2–§5), one pure function each, named after the rule.
+
+Hours, days and months are UTC calendar periods ``[start, end)``. Nothing here reads the
+warehouse: callers pass what the ledger and the clocks say, so ingest, close, replay, bills, the
+DAG helpers and the scheduler's short-circuit checks decide the same way, and each rule has its
+unit tests (``tests/unit/test_periods.py``).
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta, timezone
+from typing import Collection, Iterable
+
+import numpy as np
+
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+PANE = timedelta(minutes=5)
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_HOUR_US = 3_600_000_000
+
+#: ``dq_status`` values that publish a period (§6): a ``failed`` period is not published and blocks roll-ups.
+PUBLISHED = ("passed", "warning", "accepted")
+
+
+# -- calendar (§2: periods are UTC [start, end)) ---------------------------------------------------
+
+def micros(value: datetime) -> int:
+    """Microseconds since the epoch of an aware time (how Arrow and numpy code compares times)."""
+    return (value - EPOCH) // timedelta(microseconds=1)
+
+
+def from_micros(value: int) -> datetime:
+    """The aware UTC time ``value`` microseconds after the epoch."""
+    return EPOCH + timedelta(microseconds=int(value))
+
+
+def hour_floor(ts: datetime) -> datetime:
+    """The start of the hour ``ts`` is in."""
+    return ts.replace(minute=0, second=0, microsecond=0)
+
+
+def day_start(day: date) -> datetime:
+    """The start of a UTC day."""
+    return datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+
+
+def month_start(ts: datetime | date) -> datetime:
+    """The start of the UTC month ``ts`` is in."""
+    return datetime(ts.year, ts.month, 1, tzinfo=timezone.utc)
+
+
+def next_month(start: datetime) -> datetime:
+    """The start of the month after the one starting at ``start``."""
+    return start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
+
+
+def hours_between(start: datetime, end: datetime) -> list[datetime]:
+    """The hours that start in ``[start, end)``, in order (``start`` on the hour)."""
+    return [start + HOUR * i for i in range(max(0, -(-(end - start) // HOUR)))]
+
+
+def days_between(start: datetime, end: datetime) -> list[datetime]:
+    """The days that start in ``[start, end)``, in order (``start`` at midnight)."""
+    return [start + DAY * i for i in range(max(0, -(-(end - start) // DAY)))]
+
+
+# -- §2 sanity bounds ----------------------------------------------------------------------------
+
+def future_limit(now: datetime, max_future_skew: timedelta) -> datetime:
+    """The latest time a record may have: ``max_future_skew`` ahead of the processing machine's clock."""
+    return now + max_future_skew
+
+
+def history_floor(newest: datetime | None, max_history: timedelta) -> datetime | None:
+    """The oldest time a record may have in a batch whose newest record is ``newest``."""
+    return newest - max_history if newest is not None else None
+
+
+# -- §3 freeze after the hour --------------------------------------------------------------------
+
+def is_closed(hour: datetime, watermark: datetime | None) -> bool:
+    """Hour ``hour`` is closed once ``hour + 1h <= W``."""
+    return watermark is not None and hour + HOUR <= watermark
+
+
+def is_late(ts: datetime, watermark_before: datetime | None) -> bool:
+    """A record is late when its hour was closed by the watermark from before its batch."""
+    return is_closed(hour_floor(ts), watermark_before)
+
+
+def late_mask(ts_us: np.ndarray, watermark_before: datetime | None) -> np.ndarray:
+    """``is_late`` over an array of epoch microseconds (what parse tasks judge a chunk with)."""
+    if watermark_before is None:
+        return np.zeros(len(ts_us), dtype=bool)
+    return ts_us // _HOUR_US * _HOUR_US + _HOUR_US <= micros(watermark_before)
+
+
+def closed_hours(first_hour: datetime | None, frontier: datetime | None, watermark: datetime | None,
+                 until: datetime | None = None) -> list[datetime]:
+    """Hours to freeze next, in order: from the freeze frontier (or the first hour) while closed (and ``< until``)."""
+    if first_hour is None or watermark is None:
+        return []
+    limit = watermark if until is None else min(watermark, until)
+    start = frontier or first_hour
+    return hours_between(start, hour_floor(limit)) if limit >= start + HOUR else []
+
+
+# -- §4 roll up only on day change ---------------------------------------------------------------
+
+def hours_of_day(day: datetime, first_hour: datetime) -> list[datetime]:
+    """The hours a day rolls up: all 24, or from the first hour on for the first day."""
+    return hours_between(max(day, first_hour), day + DAY)
+
+
+def days_of_month(month: datetime, first_hour: datetime) -> list[datetime]:
+    """The days a month rolls up: all of them, or from the first hour's day on for the first month."""
+    return days_between(max(month, first_hour.replace(hour=0)), next_month(month))
+
+
+def days_due(first_hour: datetime | None, watermark: datetime | None, rolled: Collection[datetime],
+             published: Collection[datetime], until: datetime | None = None,
+             frozen_end: datetime | None = None) -> list[date]:
+    """Closed days not rolled up yet, in order, stopping at the first whose hours are not all published.
+
+    A day ``D`` is closed when ``D + 1 day <= W`` (and ``<= until``); it is rolled up once, and only
+    when all its hours from the first hour on are frozen and published (``published``: hour
+    starts). ``frozen_end``, when given, also bounds the days to those whose hours are all frozen.
+    """
+    if first_hour is None or watermark is None:
+        return []
+    limit = min(t for t in (watermark, until, frozen_end) if t is not None)
+    due, day = [], first_hour.replace(hour=0)
+    while day + DAY <= limit:
+        if day not in rolled:
+            if not all(h in published for h in hours_of_day(day, first_hour)):
+                break
+            due.append(day.date())
+        day += DAY
+    return due
+
+
+def months_due(first_hour: datetime | None, watermark: datetime | None, rolled_days: Collection[datetime],
+               rolled_months: Collection[datetime], unpublished_days: Collection[datetime] = (),
+               until: datetime | None = None) -> list[datetime]:
+    """Closed months not rolled up yet, in order: a month is rolled up when its last day is, on the
+    day change that crosses the month boundary, and waits while any of its days is not published."""
+    if first_hour is None or watermark is None:
+        return []
+    limit = watermark if until is None else min(watermark, until)
+    due, month = [], month_start(first_hour)
+    while next_month(month) <= limit:
+        if month not in rolled_months:
+            if next_month(month) - DAY not in rolled_days or \
+                    any(month <= d < next_month(month) for d in unpublished_days):
+                break
+            due.append(month)
+        month = next_month(month)
+    return due
+
+
+# -- §5 expire raw detail after N hours ----------------------------------------------------------
+
+def expiry_cutoff(watermark: datetime, keep_hours: int, frozen_end: datetime) -> datetime:
+    """Raw detail of hours before this is expired: ``hour_floor(W) - keep_hours``, never an unfrozen hour."""
+    return min(hour_floor(watermark) - timedelta(hours=keep_hours), frozen_end)
+
+
+def retention_floor(watermark: datetime, retention: timedelta) -> datetime:
+    """Rows of ``late_packets``, ``rejects``, ``source_panes`` before this are expired (event time)."""
+    return hour_floor(watermark) - retention
+
+
+def is_published(status: str | None) -> bool:
+    """Whether a period with this ``dq_status`` is published (§6)."""
+    return status in PUBLISHED
+
+
+def starts(rows: Iterable[dict], grain: str, statuses: Collection[str] | None = None) -> set[datetime]:
+    """The period starts of ledger rows of one grain (with one of ``statuses`` when given)."""
+    return {r["period_start"] for r in rows if r["grain"] == grain and (statuses is None or r["dq_status"] in statuses)}

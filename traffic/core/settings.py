@@ -1,0 +1,290 @@
+"""One settings object, decided in one place: config file < TRAFFIC_* environment < CLI.
+
+Everything else receives a ``Settings``; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Mapping
+from traffic.core.accounts import AccountsError, load_accounts
+
+
+
+#: How the Spark driver's JVM may start (``traffic.runtime.jvm``): ``auto`` picks by the job's size.
+JIT_MODES = ("auto", "quick", "full")
+
+
+class SettingsError(ValueError):
+    """A configuration value a person has to fix; the message says which and how."""
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(name: str, value: Any) -> timedelta:
+    """Seconds as a number, or a number with a unit: ``90s``, ``15m``, ``2h``, ``400d``."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return timedelta(seconds=value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise SettingsError(f"{name}: {value!r} is not a duration (use seconds, or 90s, 15m, 2h, 400d)")
+    return timedelta(seconds=int(match.group(1)) * _UNIT[match.group(2)])
+
+
+def _parse_list(value: Any) -> tuple[str, ...]:
+    if isinstance(value, (list, tuple)):
+        items = value
+    else:
+        items = str(value).split(",")
+    return tuple(item.strip() for item in items if str(item).strip())
+
+
+def _parse_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off", ""}:
+        return False
+    raise SettingsError(f"{name}: {value!r} is not yes/no")
+
+
+def _parse_int(name: str, value: Any, minimum: int = 0) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise SettingsError(f"{name}: {value!r} is not a whole number") from None
+    if number < minimum:
+        raise SettingsError(f"{name}: {number} must be at least {minimum}")
+    return number
+
+
+def _parse_networks(name: str, value: Any) -> tuple[str, ...]:
+    networks = []
+    for item in _parse_list(value):
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise SettingsError(f"{name}: {item!r} is not a CIDR network (e.g. 10.0.0.0/8, 2001:db8::/32)") from None
+    return tuple(networks)
+
+
+def _parse_folders(name: str, value: Any) -> tuple[Path, ...]:
+    """Absolute folders, from a TOML list or a comma-separated text."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    folders = tuple(Path(str(item).strip()).expanduser() for item in items if str(item).strip())
+    relative = [str(folder) for folder in folders if not folder.is_absolute()]
+    if relative:
+        raise SettingsError(f"{name}: {', '.join(relative)} is not an absolute folder")
+    return tuple(folder.absolute() for folder in folders)
+
+
+def _parse_now(name: str, value: Any) -> datetime | None:
+    if value in (None, ""):
+        return None
+    try:
+        parsed = datetime.fromisoformat(str(value))
+    except ValueError:
+        raise SettingsError(f"{name}: {value!r} is not an ISO-8601 time") from None
+    return parsed.replace(tzinfo=timezone.utc) if parsed.tzinfo is None else parsed.astimezone(timezone.utc)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of the pipeline. Durations are ``timedelta``; paths are absolute."""
+
+    warehouse: Path = Path("./warehouse")
+    inbox: Path = Path("./inbox")
+    replay_roots: tuple[Path, ...] = ()  # empty: the inbox and ``archive`` beside it (``replay_folders``)
+    keep_hours: int = 24
+    allowed_lateness: timedelta = timedelta(0)
+    source_timeout: timedelta = timedelta(hours=1)
+    local_networks: tuple[str, ...] = ()
+    keep_transit: bool = False
+    expected_sources: tuple[str, ...] = ()
+    max_future_skew: timedelta = timedelta(days=1)
+    max_history: timedelta = timedelta(days=400)
+    late_retention: timedelta = timedelta(days=90)
+    reject_retention: timedelta = timedelta(days=90)
+    dq_retention: timedelta = timedelta(days=90)
+    hourly_retention: timedelta | None = None
+    daily_retention: timedelta | None = None
+    min_file_age: timedelta = timedelta(0)
+    partial_line_grace: timedelta = timedelta(minutes=5)
+    lock_timeout: timedelta = timedelta(minutes=10)
+    engine: str = "auto"
+    spark_master: str = "auto"
+    spark_jit: str = "auto"
+    spark_jars_dir: Path | None = None
+    shuffle_partitions: int = 4
+    split_bytes: int = 64 * 1024 * 1024
+    compact_min_files: int = 32
+    completeness_min_panes: int = 12
+    completeness_action: str = "warning"
+    accounts_file: Path | None = None
+    billing_rule: str = "max"
+    billing_cycle_day: int = 1
+    billing_timezone: str = "UTC"
+    billing_unknown_direction: str = "in"
+    now: datetime | None = None
+    fault_at: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def processing_now(self) -> datetime:
+        """The processing machine's clock (only the sanity bound uses it); fixed when ``now`` is set."""
+        return self.now or datetime.now(timezone.utc)
+
+    def replay_folders(self) -> tuple[Path, ...]:
+        """Folders the replay form of the ``traffic_replay`` DAG may read from (``replay_roots``); by
+        default the inbox and the ``archive`` folder next to it (``/data/inbox`` → ``/data/archive``)."""
+        return self.replay_roots or (self.inbox, self.inbox.parent / "archive")
+
+    def replace(self, **changes: Any) -> "Settings":
+        """A copy with some values changed (validated like any other source)."""
+        return build_settings(dataclasses.asdict(self) | changes)
+
+
+_PARSERS = {
+    "warehouse": lambda n, v: Path(v).expanduser().absolute(),
+    "inbox": lambda n, v: Path(v).expanduser().absolute(),
+    "replay_roots": lambda n, v: _parse_folders(n, v),
+    "keep_hours": lambda n, v: _parse_int(n, v),
+    "allowed_lateness": parse_duration,
+    "source_timeout": parse_duration,
+    "local_networks": _parse_networks,
+    "keep_transit": _parse_bool,
+    "expected_sources": lambda n, v: _parse_list(v),
+    "max_future_skew": parse_duration,
+    "max_history": parse_duration,
+    "late_retention": parse_duration,
+    "reject_retention": parse_duration,
+    "dq_retention": parse_duration,
+    "hourly_retention": lambda n, v: None if v in (None, "", "keep") else parse_duration(n, v),
+    "daily_retention": lambda n, v: None if v in (None, "", "keep") else parse_duration(n, v),
+    "min_file_age": parse_duration,
+    "partial_line_grace": parse_duration,
+    "lock_timeout": parse_duration,
+    "engine": lambda n, v: _choice(n, v, ("auto", "rs", "spark")),
+    "spark_master": lambda n, v: str(v),
+    "spark_jit": lambda n, v: _choice(n, v, JIT_MODES),
+    "spark_jars_dir": lambda n, v: None if v in (None, "") else Path(v).expanduser().absolute(),
+    "shuffle_partitions": lambda n, v: _parse_int(n, v, 1),
+    "split_bytes": lambda n, v: _parse_int(n, v, 1024),
+    "compact_min_files": lambda n, v: _parse_int(n, v, 2),
+    "completeness_min_panes": lambda n, v: _parse_panes(n, v),
+    "completeness_action": lambda n, v: _choice(n, v, ("warning", "failure")),
+    "accounts_file": lambda n, v: _parse_accounts_file(n, v),
+    "billing_rule": lambda n, v: _choice(n, v, ("max", "sum")),
+    "billing_cycle_day": lambda n, v: _parse_cycle_day(n, v),
+    "billing_timezone": lambda n, v: _parse_timezone(n, v),
+    "billing_unknown_direction": lambda n, v: _choice(n, v, ("in", "out", "both", "ignore")),
+    "now": _parse_now,
+    "fault_at": lambda n, v: None if v in (None, "") else str(v),
+    "extra": lambda n, v: dict(v),
+}
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    text = str(value).strip().lower()
+    if text not in allowed:
+        raise SettingsError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
+    return text
+
+
+def _parse_panes(name: str, value: Any) -> int:
+    """How many of an hour's twelve 5-minute panes must have every expected source (0–12)."""
+    number = _parse_int(name, value)
+    if number > 12:
+        raise SettingsError(f"{name}: {number} is more than the 12 five-minute panes of an hour")
+    return number
+
+
+def _parse_accounts_file(name: str, value: Any) -> Path | None:
+    """The accounts mapping (TOML), validated now so a typo in it stops the job before any work."""
+    if value in (None, ""):
+        return None
+
+    path = Path(value).expanduser().absolute()
+    try:
+        load_accounts(path)
+    except AccountsError as error:
+        raise SettingsError(f"{name}: {error}") from None
+    return path
+
+
+def _parse_cycle_day(name: str, value: Any) -> int:
+    """The day of the month billing periods start on: 1–28, so every month has it."""
+    number = _parse_int(name, value, 1)
+    if number > 28:
+        raise SettingsError(f"{name}: {number} is after the 28th; use 1–28 (every month has those days)")
+    return number
+
+
+def _parse_timezone(name: str, value: Any) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    text = str(value).strip()
+    try:
+        ZoneInfo(text)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise SettingsError(f"{name}: {value!r} is not an IANA time zone (e.g. UTC, Europe/Berlin)") from None
+    return text
+
+
+def build_settings(values: Mapping[str, Any]) -> Settings:
+    """Validate raw values (strings or typed) into a ``Settings``; unknown names are errors."""
+    parsed: dict[str, Any] = {}
+    for name, value in values.items():
+        if name not in _PARSERS:
+            known = ", ".join(sorted(_PARSERS))
+            raise SettingsError(f"unknown setting {name!r} (known: {known})")
+        if value is None and name not in {"now", "fault_at", "spark_jars_dir", "hourly_retention", "daily_retention",
+                                          "accounts_file"}:
+            continue
+        parsed[name] = _PARSERS[name](name, value)
+    defaults = Settings()
+    for path_name in ("warehouse", "inbox"):
+        parsed.setdefault(path_name, getattr(defaults, path_name).absolute())
+    rule = parsed.get("billing_rule", defaults.billing_rule)
+    if rule == "sum" and parsed.get("billing_unknown_direction", defaults.billing_unknown_direction) == "both":
+        raise SettingsError("billing_unknown_direction: 'both' with billing_rule 'sum' would bill unknown traffic "
+                            "twice; use in or out")
+    return Settings(**parsed)
+
+
+def load_settings(
+    config_file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Config file (TOML, ``[traffic]`` table or top level) < ``TRAFFIC_<NAME>`` < overrides."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    config_file = config_file or environ.get("TRAFFIC_CONFIG")
+    if config_file:
+        path = Path(config_file)
+        try:
+            document = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise SettingsError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as error:
+            raise SettingsError(f"config file {path} is not valid TOML: {error}") from None
+        values.update(document.get("traffic", document))
+    for name in _PARSERS:
+        env_name = f"TRAFFIC_{name.upper()}"
+        if env_name in environ:
+            values[name] = environ[env_name]
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return build_settings(values)

@@ -1,0 +1,2 @@
+"""What the Airflow DAGs call: the short-circuit conditions and the task helpers.
+"""

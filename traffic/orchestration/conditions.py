@@ -1,0 +1,92 @@
+"""Cheap questions a scheduler asks before it starts Spark (Arrow and the filesystem only, no JVM).
+
+Airflow's sensors and short-circuits call these: has the watermark passed this interval's
+end? Is this hour already final? Is there anything new in the inbox? Each answers in well
+under a second, so a run with nothing to do finishes in seconds.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from traffic.io import inbox as inbox_mod
+from traffic.storage import state as st
+from traffic.core.periods import PUBLISHED, closed_hours, days_due, months_due, starts
+from traffic.storage.delta import Warehouse
+from traffic.core.settings import Settings
+from traffic.storage.journal import Journal
+
+UTC = timezone.utc
+
+
+def warehouse_if_any(settings: Settings) -> Warehouse | None:
+    warehouse = Warehouse(settings, engine="rs")
+    return warehouse if warehouse.exists() else None
+
+
+def watermark(settings: Settings) -> datetime | None:
+    """The current watermark ``W`` (None before any data)."""
+    warehouse = warehouse_if_any(settings)
+    return st.read_clock_state(warehouse).watermark if warehouse else None
+
+
+def watermark_passed(settings: Settings, interval_end: datetime) -> bool:
+    """True once ``W >= interval_end``: every hour ending by then is closed."""
+    current = watermark(settings)
+    return current is not None and current >= interval_end
+
+
+def hours_final_until(settings: Settings, interval_end: datetime) -> bool:
+    """True when every hour from the first hour up to ``interval_end`` is frozen (nothing left to freeze).
+
+    Also true when ``interval_end`` is before the first hour (periods before it are not produced).
+    """
+    warehouse = warehouse_if_any(settings)
+    if warehouse is None:
+        return False
+    state = st.read_clock_state(warehouse)
+    if state.first_hour is None:
+        return False
+    if interval_end <= state.first_hour:
+        return True
+    frozen = starts(st.read_ledger(warehouse, "hour"), "hour")
+    return all(hour in frozen for hour in closed_hours(state.first_hour, None, interval_end))
+
+
+def day_waiting(settings: Settings, interval_end: datetime) -> bool:
+    """True when a closed day (ending by ``interval_end``) can be rolled up and has not been (catch-up).
+
+    The close's own rule (``periods.days_due``): a day whose hours are not all published waits,
+    so a failed hour no longer makes every hourly run submit a roll-up that then does nothing.
+    """
+    warehouse = warehouse_if_any(settings)
+    if warehouse is None:
+        return False
+    state = st.read_clock_state(warehouse)
+    ledger = st.read_ledger(warehouse, columns=st.LEDGER_STATUS)
+    return bool(days_due(state.first_hour, state.watermark, starts(ledger, "day"),
+                         starts(ledger, "hour", PUBLISHED), interval_end))
+
+
+def inbox_has_new_files(settings: Settings) -> bool:
+    """True when the inbox holds a file no batch has handled (or a batch is waiting to be finished)."""
+    warehouse = warehouse_if_any(settings)
+    if warehouse is not None and Journal(warehouse.root / "_traffic").load() is not None:
+        return True
+    found = inbox_mod.scan(settings.inbox, settings.min_file_age.total_seconds())
+    if warehouse is None:
+        return bool(found)
+    return bool(inbox_mod.unhandled(found, st.known_files(warehouse)))
+
+
+def month_waiting(settings: Settings, interval_end: datetime) -> bool:
+    """True when a closed month (ending by ``interval_end``) can be rolled up and has not been: the
+    close's own rule (``periods.months_due``), so a month with an unpublished day waits here too."""
+    warehouse = warehouse_if_any(settings)
+    if warehouse is None:
+        return False
+    state = st.read_clock_state(warehouse)
+    ledger = st.read_ledger(warehouse, columns=st.LEDGER_STATUS)
+    days = starts(ledger, "day")
+    return bool(months_due(state.first_hour, state.watermark, days, starts(ledger, "month"),
+                           days - starts(ledger, "day", PUBLISHED), interval_end))

@@ -1,0 +1,305 @@
+"""What the Airflow DAGs' task callables call: JVM-free checks, expiry, the data-quality verdict.
+
+The DAG files only declare; each callable imports this module inside the task, so parsing a
+DAG never imports the library. Nothing here imports pyspark: every check reads the small
+state tables with Arrow (``traffic.orchestration.conditions``), and expiry with the ``rs`` engine only
+removes files from the Delta log, so a run with nothing to freeze finishes in seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+UTC = timezone.utc
+log = logging.getLogger(__name__)
+
+
+class DataQualityFailed(RuntimeError):
+    """A period of the run's interval failed its checks: it is not published."""
+
+
+def settings_from_env():
+    """The pipeline's settings as a task sees them (``TRAFFIC_CONFIG`` / ``TRAFFIC_*`` of the worker)."""
+    from traffic.core.settings import load_settings  # deferred: DAG parsing stays light
+
+    return load_settings()
+
+
+def as_utc(moment: Any) -> datetime:
+    """An Airflow (pendulum) or ISO-string time as a plain aware ``datetime`` in UTC."""
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+    if moment.tzinfo is None:
+        return datetime(*moment.timetuple()[:6], moment.microsecond, tzinfo=UTC)
+    return datetime.fromtimestamp(moment.timestamp(), UTC)
+
+
+def _fmt(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else "none yet"
+
+
+# -- spark-submit ----------------------------------------------------------------------------
+
+def spark_submit_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment handed to ``spark-submit`` at run time: the worker's ``TRAFFIC_*`` settings,
+    the Python that runs the job (this venv's, unless ``PYSPARK_PYTHON`` says otherwise), UTC,
+    and a PATH on which this venv's ``spark-submit`` is found first."""
+    environ = os.environ if environ is None else environ
+    env = {name: value for name, value in environ.items() if name.startswith("TRAFFIC_")}
+    python = environ.get("PYSPARK_PYTHON") or sys.executable
+    env["PYSPARK_PYTHON"] = python
+    env["PYSPARK_DRIVER_PYTHON"] = environ.get("PYSPARK_DRIVER_PYTHON") or python
+    env["TZ"] = "UTC"
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environ.get("PATH", os.defpath)])
+    return env
+
+
+def spark_submit_conf(quick_by_default: bool, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``spark-submit --conf`` for a task's job: our log4j2 config and the driver's JIT.
+
+    ``spark_jit`` (``TRAFFIC_SPARK_JIT``) decides; under ``auto`` the DAG decides by the kind of
+    job, since spark-submit starts the JVM before the job knows its size: the quick-starting JVM
+    for micro-batches and hourly closes, the full JIT for replays.
+    """
+    from traffic.runtime import jvm  # deferred: DAG parsing stays light
+    from traffic.core.settings import load_settings  # deferred: DAG parsing stays light
+
+    mode = load_settings(environ=os.environ if environ is None else environ).spark_jit
+    return {"spark.driver.extraJavaOptions": jvm.driver_java_options(jvm.quick_for(mode, big=not quick_by_default))}
+
+
+def prepare_spark_submit(task, quick_by_default: bool) -> None:
+    """``pre_execute`` of a SparkSubmitOperator: settings, environment and JVM options read when it runs."""
+    task.env_vars = spark_submit_env()
+    task.conf = {**(task.conf or {}), **spark_submit_conf(quick_by_default)}
+
+
+# -- the checks the sensors and short-circuits ask ------------------------------------------
+
+def watermark_passed(interval_end: Any) -> bool:
+    """Sensor: has the watermark reached the end of this interval (every hour in it is closed)?"""
+    from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
+
+    settings = settings_from_env()
+    end = as_utc(interval_end)
+    current = orchestration.watermark(settings)
+    passed = current is not None and current >= end
+    log.info("watermark %s; this interval ends %s: %s", _fmt(current), _fmt(end),
+             "passed" if passed else "waiting")
+    return passed
+
+
+def _first_hour(settings) -> datetime | None:
+    """The first hour (of the first on-time packet), or None before any packet."""
+    from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
+    from traffic.storage import state as st  # deferred: DAG parsing stays light
+
+    warehouse = orchestration.warehouse_if_any(settings)
+    return st.read_clock_state(warehouse).first_hour if warehouse is not None else None
+
+
+def freeze_needed(interval_end: Any) -> bool:
+    """Short-circuit: False when every hour up to ``interval_end`` is already final (no Spark job)."""
+    from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
+
+    settings, end = settings_from_env(), as_utc(interval_end)
+    if _first_hour(settings) is None:
+        log.info("no packet yet (only clock ticks, or nothing): there is no hour to freeze")
+        return False
+    final = orchestration.hours_final_until(settings, end)
+    log.info("hours up to %s %s", _fmt(end), "are already final: nothing to freeze" if final else "need freezing")
+    return not final
+
+
+def day_closes(interval_end: Any) -> bool:
+    """Gate of the day roll-up: the interval ends at midnight UTC, or a closed day is still waiting."""
+    from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
+
+    end = as_utc(interval_end)
+    if (end.hour, end.minute, end.second, end.microsecond) == (0, 0, 0, 0):
+        log.info("the interval ends at midnight UTC: %s closes", (end - timedelta(days=1)).date())
+        return True
+    waiting = orchestration.day_waiting(settings_from_env(), end)
+    log.info("not a day change; %s", "a closed day is waiting to be rolled up (catch-up)" if waiting
+             else "no closed day is waiting: skip")
+    return waiting
+
+
+def month_waiting(settings, interval_end: datetime) -> bool:
+    """True when a closed month (ending by ``interval_end``) whose last day is rolled up has no roll-up yet."""
+    from traffic.orchestration import conditions  # deferred: DAG parsing stays light
+
+    return conditions.month_waiting(settings, interval_end)
+
+
+def month_closes(interval_end: Any) -> bool:
+    """Gate of the month roll-up: the interval ends at the first midnight of a month, or a month is waiting."""
+    end = as_utc(interval_end)
+    if (end.day, end.hour, end.minute, end.second, end.microsecond) == (1, 0, 0, 0, 0):
+        log.info("the interval ends at the start of %s: the previous month closes", end.strftime("%Y-%m"))
+        return True
+    waiting = month_waiting(settings_from_env(), end)
+    log.info("not a month change; %s", "a closed month is waiting to be rolled up (catch-up)" if waiting
+             else "no closed month is waiting: skip")
+    return waiting
+
+
+def inbox_has_new_files() -> bool:
+    """Short-circuit of the micro-batch: anything new in the inbox (or an interrupted batch to finish)?"""
+    from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
+
+    settings = settings_from_env()
+    new = orchestration.inbox_has_new_files(settings)
+    log.info("inbox %s: %s", settings.inbox, "new files: ingest" if new else "nothing new: no Spark job")
+    return new
+
+
+# -- expiry without a JVM ---------------------------------------------------------------------
+
+def expire_raw_detail(interval_end: Any) -> dict:
+    """``traffic close --only expire --until <end>``, without a JVM in the worker.
+
+    ``traffic.accounting.close.close`` asks for a session before running any non-empty plan, but expiry
+    with the ``rs`` engine only removes files through delta-rs and never touches it; so the
+    session factory here returns None. When Spark is really needed — the ``spark`` engine, or
+    an interrupted batch to finish first — the same step runs as a Spark job instead
+    (``spark-submit jobs/close.py``, like the other close steps), never inside the worker.
+    """
+    from traffic.storage.journal import Journal  # deferred: DAG files import this module at parse time
+    from traffic.app.console import print_close  # deferred: DAG parsing stays light
+    from traffic.app.runs import close  # deferred: DAG parsing stays light
+    from traffic.storage.delta import Warehouse, choose_engine  # deferred: DAG parsing stays light
+
+    settings = settings_from_env()
+    end = as_utc(interval_end)
+    pending = Warehouse(settings, engine="rs").exists() and \
+        Journal(Path(settings.warehouse) / "_traffic").load() is not None
+    if choose_engine(settings) == "rs" and not pending:
+        result = close(settings, lambda: None, end, lambda message: log.info("%s", message), only=("expire",))
+        print_close(result)
+        return {"expired_hours": result.expired_hours, "spark_started": False,
+                "watermark": result.watermark.isoformat() if result.watermark else None}
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    root = Path(__file__).resolve().parents[2]
+    log.info("expiry needs Spark here (%s): submitting jobs/close.py --only expire",
+             "an interrupted batch is waiting" if pending else "spark engine")
+    SparkSubmitHook(
+        conn_id="spark_default", name="traffic-close-expire", env_vars=spark_submit_env(),
+        conf=spark_submit_conf(quick_by_default=True),
+        application_args=["--until", end.isoformat(), "--only", "expire"],
+    ).submit(str(root / "jobs" / "close.py"))
+    return {"expired_hours": None, "spark_started": True, "watermark": None}
+
+
+# -- publish the data-quality outcome ------------------------------------------------------------
+
+def interval_periods(settings, start: datetime, end: datetime) -> list[dict]:
+    """Ledger rows the interval ``[start, end)`` closes: its hours, and a day or month ending in it."""
+    from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
+    from traffic.storage import state as st  # deferred: DAG parsing stays light
+    from traffic.core.periods import DAY, next_month  # deferred: DAG parsing stays light
+
+    warehouse = orchestration.warehouse_if_any(settings)
+    if warehouse is None:
+        return []
+    chosen = []
+    for row in st.read_ledger(warehouse):
+        begin = row["period_start"]
+        finish = {"hour": None, "day": begin + DAY, "month": next_month(begin)}.get(row["grain"])
+        if row["grain"] == "hour" and start <= begin < end:
+            chosen.append(row)
+        elif finish is not None and start < finish <= end:
+            chosen.append(row)
+    return sorted(chosen, key=lambda r: (r["period_start"], r["grain"]))
+
+
+def publish_data_quality(interval_start: Any, interval_end: Any) -> dict:
+    """Log the interval's data-quality outcome; fail when any of its periods failed its checks."""
+    from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
+
+    settings = settings_from_env()
+    start, end = as_utc(interval_start), as_utc(interval_end)
+    rows = interval_periods(settings, start, end)
+    first_hour = _first_hour(settings)
+    if first_hour is not None and first_hour < end and not orchestration.hours_final_until(settings, end):
+        raise DataQualityFailed(f"not every hour up to {_fmt(end)} is frozen: this interval cannot be published")
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["dq_status"]] = counts.get(row["dq_status"], 0) + 1
+        note = f" — {row['dq_note']}" if row.get("dq_note") else ""
+        restated = f" (restated: {row['restated']})" if row.get("restated") else ""
+        log.info("%-5s %s  %s bytes, %s packets, late %s bytes: %s%s%s", row["grain"], _fmt(row["period_start"]),
+                 f"{row['bytes']:,}", f"{row['packets']:,}", f"{row['late_bytes']:,}", row["dq_status"],
+                 note, restated)
+    if not rows:  # hours before the first hour get no ledger row (DESIGN §4): nothing to publish, no failure
+        log.info("no period closes in %s … %s (it is before the first hour)", _fmt(start), _fmt(end))
+    failed = [r for r in rows if r["dq_status"] == "failed"]
+    summary = {"interval_start": start.isoformat(), "interval_end": end.isoformat(), "periods": len(rows),
+               "by_status": counts,
+               "failed": [f"{r['grain']} {r['period_start'].isoformat()}" for r in failed]}
+    log.info("data quality of %s … %s: %s", _fmt(start), _fmt(end),
+             ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "nothing to publish")
+    if failed:
+        raise DataQualityFailed("not published, failed checks: " + "; ".join(
+            f"{r['grain']} {_fmt(r['period_start'])}" + (f" ({r['dq_note']})" if r.get("dq_note") else "")
+            for r in failed))
+    return summary
+
+
+# -- the replay form ----------------------------------------------------------------------------
+
+def replay_input(settings, folder: str) -> Path:
+    """The replay form's input folder, links resolved, if it lies inside one of ``replay_roots``.
+
+    Whoever may trigger a DAG may not make the worker read any file it can: only archives under
+    the configured roots (``Settings.replay_folders``). The resolved path is what the job gets, so
+    a link swapped after this check cannot point it elsewhere.
+    """
+    from traffic.core.settings import SettingsError  # deferred: DAG parsing stays light
+
+    roots = [Path(os.path.realpath(root)) for root in settings.replay_folders()]
+    allowed = ", ".join(str(root) for root in roots)
+    if not Path(folder).is_absolute() or "\0" in folder:
+        raise SettingsError(f"input {folder!r} is not an absolute folder (allowed: folders under {allowed})")
+    resolved = Path(os.path.realpath(folder))
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise SettingsError(f"input {folder!r} is not under a replay root (allowed: folders under {allowed}; "
+                            "the setting replay_roots adds others)")
+    if not resolved.is_dir():
+        raise SettingsError(f"input {folder!r} is not a folder on the worker")
+    return resolved
+
+
+def replay_arguments(params: Mapping[str, Any]) -> list[str]:
+    """``jobs/replay.py`` arguments from the replay form, checked before any JVM starts.
+
+    Values go as ``--name=value``, so a reason or a source that starts with ``-`` stays a value.
+    """
+    from traffic.core.settings import SettingsError, _parse_now  # deferred: DAG parsing stays light
+
+    def text(name: str) -> str:
+        value = params.get(name)
+        return "" if value is None else str(value).strip()
+
+    missing = [name for name in ("from", "to", "input") if not text(name)]
+    if missing:
+        raise SettingsError(f"replay needs {', '.join(missing)}")
+    start, end = _parse_now("from", text("from")), _parse_now("to", text("to"))
+    if end <= start:
+        raise SettingsError(f"replay range is empty: from {start.isoformat()} is not before to {end.isoformat()}")
+    folder = replay_input(settings_from_env(), text("input"))
+    args = [f"--from={start.isoformat()}", f"--to={end.isoformat()}", f"--input={folder}"]
+    if text("source"):
+        args.append(f"--source={text('source')}")
+    restate = params.get("restate")
+    if restate is True or str(restate).strip().lower() in {"true", "1", "yes"}:
+        if not text("reason"):
+            raise SettingsError("restate needs a reason (it is recorded in the ledger)")
+        args += ["--restate", f"--reason={text('reason')}"]
+    return args

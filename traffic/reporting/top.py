@@ -1,0 +1,154 @@
+"""Top talkers over a sliding window that ends at the watermark: exact, and cheap whatever the window.
+
+The window ``[W - last, W)`` splits into whole hours, read from ``hourly`` (open or final: an
+hour's row always holds every on-time packet of that hour) or, per account, from ``panes``,
+and at most two partial hours at its edges, read from raw detail (``packets``) pruned to those
+hours alone; per account, each raw packet takes the account of the mapping version in force at
+its time, as its pane did. Totals are built one UTC day at a time (a frozen day of ``hourly``
+and ``panes`` is one merged file, read once) and folded into one running table per key, so
+memory grows with the number of keys, never with the length of the window.
+
+Raw detail exists only for the last ``keep_hours`` hours before ``hour_floor(W)`` (older hours
+may have been expired; W never moves back, so no newer hour ever was). When the window starts
+inside an hour older than that, its start moves up to the next whole hour and the result says
+so, rather than counting part of that hour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from traffic.core.accounts import NO_ACCOUNTS, load_accounts
+from traffic.core.periods import DAY, HOUR, day_start, hour_floor, hours_between, is_closed, retention_floor
+from traffic.storage.delta import Warehouse, cluster_key
+from traffic.storage.state import read_clock_state
+
+#: What ``--by`` groups on.
+KEYS = {"host": "local_ip", "peer": "remote_ip", "account": "account"}
+TOTALS = ("bytes", "packets", "bytes_in", "bytes_out")
+
+
+class TopError(ValueError):
+    """A window that cannot be answered (no data yet, unknown grouping)."""
+
+
+@dataclass
+class TopTalkers:
+    """The heaviest keys of one window, with where each part of the window was read from."""
+
+    by: str
+    start: datetime
+    end: datetime
+    rows: list[dict]
+    keys: int
+    whole_hours: list[datetime] = field(default_factory=list)
+    raw_hours: list[datetime] = field(default_factory=list)
+    note: str | None = None
+
+
+def _sum_by(rows: pa.Table, key: str) -> pa.Table:
+    """One row per ``key`` with the sum of each total."""
+    summed = rows.group_by(key).aggregate([(c, "sum") for c in TOTALS])
+    return pa.table({key: summed.column(key), **{c: summed.column(f"{c}_sum") for c in TOTALS}})
+
+
+def _fold(running: pa.Table | None, part: pa.Table, key: str) -> pa.Table:
+    """Add ``part``'s totals into ``running`` (both one row per key after this)."""
+    return _sum_by(part if running is None else pa.concat_tables([running, part]), key)
+
+
+def _by_direction(keys: pa.Array, key: str, size: pa.Array, count: pa.Array, direction: pa.Array) -> pa.Table:
+    """Rows of (key, bytes, packets, bytes_in, bytes_out) from a direction column."""
+    zero = pa.scalar(0, pa.int64())
+    return pa.table({
+        key: keys, "bytes": size, "packets": count,
+        "bytes_in": pc.if_else(pc.fill_null(pc.equal(direction, "in"), False), size, zero),
+        "bytes_out": pc.if_else(pc.fill_null(pc.equal(direction, "out"), False), size, zero),
+    })
+
+
+def _accounts_of(warehouse: Warehouse, local: pa.Array, ts: pa.Array) -> pa.Array:
+    """The account of each address under the mapping version in force at each packet's time."""
+    accounts = load_accounts(warehouse.settings.accounts_file)
+    versions = (NO_ACCOUNTS, *accounts.versions)
+    starts = np.array([int(v.effective_from.timestamp() * 1_000_000) for v in accounts.versions], dtype=np.int64)
+    which = np.searchsorted(starts, pc.cast(ts, pa.int64()).to_numpy(zero_copy_only=False), side="right")
+    owner = np.empty(len(local), dtype=object)
+    for index in np.unique(which):
+        rows = np.flatnonzero(which == index)
+        owner[rows] = versions[int(index)].lookup_many(local.take(pa.array(rows))).to_numpy(zero_copy_only=False)
+    return pa.array(owner, pa.string())
+
+
+def _raw_part(warehouse: Warehouse, hour: datetime, lo: datetime, hi: datetime, key: str) -> pa.Table:
+    """Totals per key of the on-time packets with ``lo <= ts < hi`` in one hour's raw detail."""
+    ts = pads.field("ts")
+    stamp = pa.timestamp("us", tz="UTC")
+    address = "local_ip" if key == "account" else key
+    packets = warehouse.table("packets").read_arrow(
+        keys=[cluster_key(hour, "hour")], columns=["ts", address, "bytes", "direction"],
+        filter=(ts >= pa.scalar(lo, stamp)) & (ts < pa.scalar(hi, stamp))).combine_chunks()
+    keys = packets.column(address)
+    if key == "account":
+        keys = _accounts_of(warehouse, keys.combine_chunks(), packets.column("ts"))
+    return _sum_by(_by_direction(keys, key, packets.column("bytes"), pa.array([1] * packets.num_rows, pa.int64()),
+                                 packets.column("direction")), key)
+
+
+def _hourly_part(warehouse: Warehouse, hours: list[datetime], key: str) -> pa.Table:
+    """Totals per key of whole hours: their ``hourly`` rows, or their panes per account."""
+    keys = [cluster_key(hour, "hour") for hour in hours]
+    if key == "account":
+        panes = warehouse.table("panes").read_arrow(keys=keys, columns=["account", "direction", "bytes", "packets"])
+        return _sum_by(_by_direction(panes.column("account"), key, panes.column("bytes"), panes.column("packets"),
+                                     panes.column("direction")), key)
+    return _sum_by(warehouse.table("hourly").read_arrow(keys=keys, columns=[key, *TOTALS]), key)
+
+
+def top_talkers(warehouse: Warehouse, last: timedelta, by: str = "host", limit: int | None = 10) -> TopTalkers:
+    """The ``limit`` keys with the most bytes in ``[W - last, W)`` (all keys when ``limit`` is None)."""
+    if by not in KEYS:
+        raise TopError(f"--by {by!r}: choose one of {', '.join(KEYS)}")
+    if last <= timedelta(0):
+        raise TopError("--last must be a positive duration")
+    watermark = read_clock_state(warehouse).watermark
+    if watermark is None:
+        raise TopError("no watermark yet: nothing has been ingested")
+    key = KEYS[by]
+    start, note = watermark - last, None
+    kept_from = retention_floor(watermark, timedelta(hours=warehouse.settings.keep_hours))
+    if start != hour_floor(start) and hour_floor(start) < kept_from:
+        snapped = hour_floor(start) + HOUR
+        note = (f"raw detail before {kept_from:%Y-%m-%d %H:%M} is not kept (keep_hours="
+                f"{warehouse.settings.keep_hours}): the window starts at {snapped:%Y-%m-%d %H:%M} instead of "
+                f"{start:%Y-%m-%d %H:%M:%S}")
+        start = snapped
+    first_whole = start if start == hour_floor(start) else hour_floor(start) + HOUR
+    result = TopTalkers(by=by, start=start, end=watermark, rows=[], keys=0, note=note)
+    running = None
+    if start < first_whole:  # the partial hour at the start edge
+        running = _fold(running, _raw_part(warehouse, hour_floor(start), start, min(first_whole, watermark), key), key)
+        result.raw_hours.append(hour_floor(start))
+    hour = first_whole
+    while is_closed(hour, watermark):  # the whole hours, up to hour_floor(W), a UTC day per read
+        until = min(day_start(hour.date()) + DAY, hour_floor(watermark))
+        hours = hours_between(hour, until)
+        running = _fold(running, _hourly_part(warehouse, hours, key), key)
+        result.whole_hours += hours
+        hour = until
+    if hour < watermark and first_whole <= hour:  # the partial hour at the end (W inside it)
+        running = _fold(running, _raw_part(warehouse, hour, hour, watermark, key), key)
+        result.raw_hours.append(hour)
+    if running is None or running.num_rows == 0:
+        return result
+    ranked = running.sort_by([("bytes", "descending"), (key, "ascending")])
+    result.keys = ranked.num_rows
+    chosen = ranked if limit is None else ranked.slice(0, limit)
+    result.rows = [{"key": r[key], **{c: r[c] for c in TOTALS}} for r in chosen.to_pylist()]
+    return result

@@ -1,0 +1,111 @@
+"""Builds the one SparkSession a job uses (called from entry points and one test fixture only)."""
+
+from __future__ import annotations
+
+import re
+
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from traffic.runtime import jvm
+from traffic.runtime.connect import CONNECT_SESSION_CONF, client_url, recorded_server
+from traffic.storage.delta import choose_engine
+from traffic.core.settings import Settings
+
+
+#: What ``spark_master = auto`` means when the warehouse has no warm server running.
+LOCAL_MASTER = "local[2]"
+
+
+def resolve_master(settings: Settings) -> str:
+    """``auto``: the warehouse's warm Spark Connect server (``traffic spark start``) if it runs, else local.
+
+    The server's URL carries its token, read from the server's record (trusted only if this user
+    wrote it: ``traffic.runtime.connect.recorded_server``); print it with ``traffic.runtime.connect.without_token``.
+    Under ``spark-submit`` the JVM is already up, so ``auto`` never reaches for a server there.
+    """
+    if settings.spark_master != "auto":
+        return settings.spark_master
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        record = recorded_server(Path(settings.warehouse) / "_traffic")
+        if record:
+            return client_url(record)
+    return LOCAL_MASTER
+
+
+def build_spark(settings: Settings, app_name: str):
+    """A SparkSession tuned for this pipeline: UTC, microsecond timestamps, few partitions, no UI."""
+    from pyspark.sql import SparkSession
+
+    # Quiet JVM start-up (our log4j2 config applies from the first line), and the JIT the job needs.
+    java_options = jvm.driver_java_options(jvm.quick(settings.spark_jit))
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-java-options '{java_options}' pyspark-shell")
+    # Python workers must run the same interpreter (and so the same pyarrow) as the driver.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Spark turns timestamps into naive Python datetimes in the process's local zone: make it UTC.
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
+    master = resolve_master(settings)
+    if master.startswith("sc://"):
+        return _connect(settings.replace(spark_master=master))
+    builder = SparkSession.builder.appName(app_name)
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # Under spark-submit (Airflow, a cluster) the JVM is already up and its --master decides.
+        builder = builder.master(master)
+    builder = (
+        builder
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+        .config("spark.default.parallelism", str(settings.shuffle_partitions))
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "200000")
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
+        .config("spark.sql.files.maxPartitionBytes", str(settings.split_bytes))
+        .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+        .config("spark.hadoop.parquet.enable.summary-metadata", "false")
+        .config("spark.driver.extraJavaOptions", java_options)
+    )
+    if choose_engine(settings) == "spark":
+        jars = sorted(str(p) for p in settings.spark_jars_dir.glob("*.jar"))
+        builder = (
+            builder.config("spark.jars", ",".join(jars))
+            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _connect(settings: Settings):
+    """A client session of a running Spark Connect server (``sc://host:port``): starts in about a second."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(settings.spark_master).getOrCreate()
+    for name, value in {**CONNECT_SESSION_CONF, "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+                        "spark.sql.files.maxPartitionBytes": str(settings.split_bytes)}.items():
+        spark.conf.set(name, value)
+    return spark
+
+
+def task_slots(settings: Settings) -> int:
+    """Parse tasks that run at once: N of a ``local[N]`` master (``auto``: the local default or the
+    warm server, both ``local[2]``), this machine's cores for ``local[*]``; on a cluster,
+    ``shuffle_partitions``."""
+    master = LOCAL_MASTER if settings.spark_master == "auto" else settings.spark_master
+    match = re.fullmatch(r"local\[(\d+|\*)(,\s*\d+)?\]", master.strip())
+    if match:
+        return max(1, os.cpu_count() or 1) if match.group(1) == "*" else max(1, int(match.group(1)))
+    return max(1, settings.shuffle_partitions)

@@ -1,0 +1,172 @@
+"""Small driver-side state tables (clocks, batches, the ledger), read and written with Arrow.
+
+These are tiny (a row per source, per batch, per closed period), so they never need a JVM:
+``traffic status`` and the "nothing to do" checks answer in well under a second.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traffic.core.clock import ClockState
+from traffic.core.periods import HOUR, month_start
+from traffic.storage.delta import Warehouse, cluster_key
+from traffic.storage.schemas import arrow_schema
+
+UTC = timezone.utc
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _utc(value):
+    """Timestamps as aware UTC; naive ones come from Spark's collect() in a UTC process (see spark.py)."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return value
+
+
+def rows(table: pa.Table) -> list[dict]:
+    """Arrow rows as dicts with timestamps in plain UTC.
+
+    Timestamps are made from their microseconds: pyarrow builds each zone-aware value through
+    the zone database, about three times slower, and the ledger has a row per closed hour.
+    """
+    return [dict(zip(table.column_names, values)) for values in zip(*map(_values, table.columns))]
+
+
+def _values(column: pa.ChunkedArray) -> list:
+    if not pa.types.is_timestamp(column.type):
+        return column.to_pylist()
+    micros = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64()).to_pylist()
+    return [None if v is None else _EPOCH + timedelta(microseconds=v) for v in micros]
+
+
+def read_clock_state(warehouse: Warehouse) -> ClockState:
+    clocks = rows(warehouse.table("clocks").read_arrow())
+    if not clocks:
+        return ClockState()
+    return ClockState(
+        clocks={r["source"]: r["clock"] for r in clocks},
+        last_batch={r["source"]: r["last_batch_id"] for r in clocks},
+        watermark=clocks[0]["watermark"],
+        first_hour=clocks[0]["first_hour"],
+        # Written before marks existed: no mark (ClockState uses the source's own clock).
+        seen_at={r["source"]: r["last_seen_at"] for r in clocks if r.get("last_seen_at") is not None},
+        ahead={r["source"]: tuple((_utc(s["after"]), _utc(s["upto"])) for s in r["ahead_spans"])
+               for r in clocks if r.get("ahead_spans")},
+    )
+
+
+def clock_table(state: ClockState) -> pa.Table:
+    sources = sorted(state.clocks)
+    return pa.table(
+        {
+            "source": sources,
+            "clock": [state.clocks[s] for s in sources],
+            "last_batch_id": [state.last_batch.get(s) for s in sources],
+            "watermark": [state.watermark] * len(sources),
+            "first_hour": [state.first_hour] * len(sources),
+            "last_seen_at": [state.last_seen_at(s) for s in sources],
+            "ahead_spans": [[{"after": a, "upto": u} for a, u in state.ahead.get(s, ())] or None for s in sources],
+        },
+        schema=arrow_schema("clocks"),
+    )
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def state_to_json(state: ClockState) -> dict:
+    return {
+        "clocks": {s: c.isoformat() for s, c in state.clocks.items()},
+        "last_batch": dict(state.last_batch),
+        "watermark": _iso(state.watermark),
+        "first_hour": _iso(state.first_hour),
+        "seen_at": {s: c.isoformat() for s, c in state.seen_at.items()},
+        "ahead": {s: [[_iso(a), _iso(u)] for a, u in spans] for s, spans in state.ahead.items()},
+    }
+
+
+def state_from_json(doc: dict) -> ClockState:
+    """The state a batch plan recorded (a plan written before marks existed has none: see ``read_clock_state``)."""
+    parse = datetime.fromisoformat
+    return ClockState(
+        clocks={s: parse(c) for s, c in doc["clocks"].items()},
+        last_batch={s: int(b) for s, b in doc["last_batch"].items()},
+        watermark=parse(doc["watermark"]) if doc["watermark"] else None,
+        first_hour=parse(doc["first_hour"]) if doc["first_hour"] else None,
+        seen_at={s: parse(c) for s, c in doc.get("seen_at", {}).items()},
+        ahead={s: tuple((parse(a) if a else None, parse(u)) for a, u in spans)
+               for s, spans in doc.get("ahead", {}).items()},
+    )
+
+
+def known_files(warehouse: Warehouse) -> list[dict]:
+    """Every file earlier batches recorded, with its batch id."""
+    table = warehouse.table("batches").read_arrow(columns=["batch_id", "files"])
+    known = []
+    for batch_id, files in zip(table.column("batch_id").to_pylist(), table.column("files").to_pylist()):
+        for f in files or []:
+            known.append({**f, "batch_id": batch_id})
+    known.sort(key=lambda k: k["batch_id"])
+    return known
+
+
+def last_batch_id(warehouse: Warehouse) -> int:
+    table = warehouse.table("batches").read_arrow(columns=["batch_id"])
+    value = pc.max(table.column("batch_id")).as_py() if table.num_rows else None
+    return value or 0
+
+
+def watermark_history(warehouse: Warehouse) -> list[tuple[int, datetime]]:
+    """(batch_id, watermark_after) of every batch, in order (for ``closed_at_watermark``)."""
+    table = warehouse.table("batches").read_arrow(columns=["batch_id", "watermark_after"])
+    pairs = [(b, _utc(w)) for b, w in zip(table.column("batch_id").to_pylist(),
+                                         table.column("watermark_after").to_pylist()) if w is not None]
+    return sorted(pairs)
+
+
+def closed_at(history: list[tuple[int, datetime]], period_end: datetime) -> datetime | None:
+    """The watermark of the first batch that reached ``period_end`` (``history`` in batch order: W never
+    moves back, so it is sorted by watermark too and a binary search finds it)."""
+    index = bisect_left(history, period_end, key=lambda pair: pair[1])
+    return history[index][1] if index < len(history) else None
+
+
+def frozen_frontier(ledger: list[dict]) -> datetime | None:
+    """The end of the frozen hours: hours freeze in order, so every hour from here on is still open."""
+    hours = [r["period_start"] for r in ledger if r["grain"] == "hour"]
+    return max(hours) + HOUR if hours else None
+
+
+#: The ledger columns that say which periods are closed and how they stand.
+LEDGER_STATUS = ["grain", "period_start", "dq_status"]
+
+
+def read_ledger(warehouse: Warehouse, grain: str | None = None, keys=None, key_min=None, key_max=None,
+                columns: list[str] | None = None) -> list[dict]:
+    """Ledger rows (optionally of one grain, pruned to month keys, only some columns: the ledger has a
+    row per closed hour, and turning every column of all of them into Python grows with history)."""
+    table = warehouse.table("periods").read_arrow(keys=keys, key_min=key_min, key_max=key_max, columns=columns)
+    if grain is not None:
+        table = table.filter(pc.equal(table.column("grain"), grain))
+    return rows(table)
+
+
+def write_ledger_rows(warehouse: Warehouse, changed: list[dict], txn=None, op: str = "ledger") -> bool:
+    """Upsert ledger rows by (grain, period_start): replaces the month files they fall in, atomically."""
+    if not changed:
+        return False
+    table = warehouse.table("periods")
+    keys = sorted({cluster_key(month_start(r["period_start"]), "month") for r in changed})
+    existing = rows(table.read_arrow(keys=keys))
+    merged = {(r["grain"], r["period_start"]): r for r in existing}
+    for r in changed:
+        merged[(r["grain"], r["period_start"])] = r
+    ordered = sorted(merged.values(), key=lambda r: (r["period_start"], r["grain"]))
+    data = pa.Table.from_pylist(ordered, schema=table.arrow_schema)
+    return table.replace(data, keys=keys, txn=txn, op=op)
