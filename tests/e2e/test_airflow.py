@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import ROOT, write_router_feed
-from tests.screenshots import publish_for_docs
+from tests.support.screenshots import publish_for_docs
 from traffic.storage import state as st
 from traffic.storage.delta import Warehouse
 

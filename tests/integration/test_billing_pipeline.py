@@ -17,7 +17,8 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
-from tests.harness import Harness, feed_line, tick_line
+from tests.support.accounts import V1, V2
+from tests.support.harness import Harness, feed_line, tick_line
 from traffic.app import cli
 from traffic.storage import state as st
 from traffic.core.accounts import load_accounts
@@ -34,26 +35,6 @@ PANES = 480  # 40 hours: START → 2026-11-01 00:00
 SPLIT = 360  # the first batch ends at 2026-10-31 14:00
 CHANGE = datetime(2026, 10, 31, 12, tzinfo=UTC)
 NOW = "2026-12-01T00:00:00+00:00"
-
-V1 = """
-[[version]]
-name = "v1"
-effective_from = 2026-10-01
-
-[version.accounts]
-acme = ["10.0.0.0/24"]
-globex = ["10.0.1.0/24"]
-"""
-V2 = """
-[[version]]
-name = "v2"
-effective_from = 2026-10-31T12:00:00Z
-
-[version.accounts]
-acme = ["10.0.0.0/24", "10.0.1.128/25"]
-globex = ["10.0.1.0/25"]
-"""
-
 
 def _records(first: int, last: int) -> tuple[list[dict], list[dict]]:
     """(JSON-lines records of source ``flows``, router-feed records of source ``feed``) of panes [first, last)."""

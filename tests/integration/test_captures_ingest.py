@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from tests import capture_factory as cf
-from tests.harness import Harness
+from tests.support import capture_factory as cf
+from tests.support.harness import Harness
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 1, 10, tzinfo=UTC)

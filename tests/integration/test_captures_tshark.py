@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import capture_factory as cf
+from tests.support import capture_factory as cf
 from traffic.io.captures import parse_capture
 
 pytestmark = pytest.mark.slow

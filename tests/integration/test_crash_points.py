@@ -8,7 +8,7 @@ in which that point happens, runs that command as a
 separate process that kills itself with SIGKILL at the point, and then runs the command again
 and the rest of the scenario: the tables must equal the uninterrupted run's, row for row, and
 conservation must hold. The killed processes are clients of a warm Spark Connect server,
-forked from a warm interpreter (``tests/forkserver.py``), so a kill costs neither a JVM's
+forked from a warm interpreter (``tests/support/forkserver.py``), so a kill costs neither a JVM's
 start-up nor a fresh interpreter's imports; one point is also killed in a process started from
 scratch with its own classic JVM.
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.forkserver import ForkServer
-from tests.harness import Harness, feed_line, tick_line
+from tests.support.forkserver import ForkServer
+from tests.support.harness import Harness, feed_line, tick_line
 from traffic.storage import delta
 
 UTC = timezone.utc

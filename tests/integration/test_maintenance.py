@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.harness import Harness, feed_line, tick_line
+from tests.support.harness import Harness, feed_line, tick_line
 from traffic.accounting import close as close_mod
 from traffic.storage import delta
 from traffic.storage.schemas import TABLES, columns

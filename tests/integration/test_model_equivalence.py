@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.harness import Harness, feed_line, model_tables, tick_line
+from tests.support.harness import Harness, feed_line, model_tables, tick_line
 from tests.model.reference import ModelSettings, ReferenceModel
 
 UTC = timezone.utc

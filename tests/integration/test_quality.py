@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tests.harness import Harness, feed_line, tick_line
+from tests.support.harness import Harness, feed_line, tick_line
 from traffic.app import cli
 from traffic.quality import suites as quality
 from traffic.storage import state as st
@@ -266,7 +266,7 @@ def test_large_batches_are_validated_by_gx_spark_engine_with_the_same_verdict(st
 
 def test_rows_differing_counts_the_multiset_difference_both_ways(spark):
     """The freeze's built-in check: per hour, rows of either side without an equal row on the other."""
-    from traffic.accounting.close import _rows_differing
+    from traffic.accounting.close import spark_rows_differing
     from traffic.accounting.freeze_tasks import rows_differing
 
     schema = "hour timestamp, local_ip string, remote_ip string, bytes long, packets long, bytes_in long, bytes_out long"
@@ -279,7 +279,7 @@ def test_rows_differing_counts_the_multiset_difference_both_ways(spark):
                                        (h3, "10.0.0.3", None, 9, 1, 0, 0),  # a null key matches itself
                                        (h3, "10.0.0.4", "192.0.2.4", 1, 1, 1, 0)], schema)  # open side only: 1
     # h2: one pair differs (2) and one is on the final side only (1); h1 equal; h3 one extra open row.
-    assert _rows_differing(final, open_rows) == {h2: 3, h3: 1}
+    assert spark_rows_differing(final, open_rows) == {h2: 3, h3: 1}
     # The Arrow twin the delta-rs freeze tasks use counts the same.
     arrow = rows_differing(final.toArrow(), open_rows.toArrow())
     assert dict(zip(arrow.column("hour").to_pylist(), arrow.column("n").to_pylist())) == {h2: 3, h3: 1}
@@ -299,7 +299,7 @@ def test_freeze_recomputes_the_same_with_arrow_tasks_as_with_spark(spark, tmp_pa
     """
     import pyarrow.parquet as pq
 
-    from traffic.accounting.close import _recompute_arrow, _recompute_spark
+    from traffic.accounting.close import recompute_arrow, recompute_spark
     from traffic.storage.delta import Staged, cluster_key
 
     accounts = tmp_path / "accounts.toml"
@@ -324,7 +324,7 @@ def test_freeze_recomputes_the_same_with_arrow_tasks_as_with_spark(spark, tmp_pa
     keys = [cluster_key(h, "hour") for h in hours]
     assert len(warehouse.table("packets").files(keys=keys)) > len(keys)
 
-    arrow, spark_side = _recompute_arrow(warehouse, keys), _recompute_spark(warehouse, keys)
+    arrow, spark_side = recompute_arrow(warehouse, keys), recompute_spark(warehouse, keys)
     try:
         def rows_of(frame, columns):
             if isinstance(frame, Staged):  # what the Arrow tasks wrote, not yet committed

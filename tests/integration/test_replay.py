@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.harness import Harness, feed_line, tick_line
+from tests.support.harness import Harness, feed_line, tick_line
 from traffic.app.runs import replay
 from traffic.core.settings import SettingsError
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Harness
-from tests.screenshots import chromium_screenshot
+from tests.support.harness import Harness
+from tests.support.screenshots import chromium_screenshot
 from traffic.app import demo
 from traffic.app.runs import close
 from traffic.reporting.html_report import write_report

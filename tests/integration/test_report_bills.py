@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_report import Rows
-from tests.harness import Harness
-from tests.screenshots import chromium_screenshot
+from tests.support.accounts import V1
+from tests.support.harness import Harness
+from tests.support.screenshots import chromium_screenshot
 from traffic.app import cli
 from traffic.accounting.bills import account_totals, bill_rows, compute_period, final_panes
 from traffic.core.billing import BillingCycle
@@ -35,15 +36,6 @@ PANE = timedelta(minutes=5)
 START = datetime(2026, 10, 30, 8, tzinfo=UTC)
 PANES = 42 * 12  # to 2026-11-01 02:00: 480 of October's panes carry traffic, more than 5 % of its 8,928
 TICK = datetime(2026, 11, 1, 3, tzinfo=UTC)
-ACCOUNTS = """
-[[version]]
-name = "v1"
-effective_from = 2026-10-01
-
-[version.accounts]
-acme = ["10.0.0.0/24"]
-globex = ["10.0.1.0/24"]
-"""
 FIGURES = ("bytes_in", "bytes_out", "bytes_internal", "bytes_transit", "bytes_unknown", "bytes_total", "panes",
            "p95_rank", "p95_in_pane_bytes", "p95_out_pane_bytes", "billable_pane_bytes")
 RATES = ("p95_in_bps", "p95_out_bps", "billable_bps")
@@ -90,7 +82,7 @@ def _parse(path: Path) -> Rows:
 @pytest.fixture(scope="module")
 def run(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("bills-report")
-    (root / "accounts.toml").write_text(ACCOUNTS)
+    (root / "accounts.toml").write_text(V1)
     harness = Harness(root, spark, accounts_file=root / "accounts.toml", keep_hours=1000)
     harness.deliver("flows", _jsonl(_records()), "flows.jsonl")
     harness.ingest()

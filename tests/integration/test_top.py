@@ -16,7 +16,7 @@ from datetime import date, datetime, timedelta, timezone
 
 import pytest
 
-from tests.harness import Harness
+from tests.support.harness import Harness
 from traffic.core.accounts import load_accounts
 from traffic.app.cli import main
 from traffic.core.periods import hour_floor

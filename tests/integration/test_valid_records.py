@@ -16,8 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tests import capture_factory as cf
-from tests.harness import Harness, micros
+from tests.support import capture_factory as cf
+from tests.support.harness import Harness, micros
 from traffic.accounting.close import CheckFailed
 from traffic.app.runs import close
 from traffic.storage.delta import Warehouse

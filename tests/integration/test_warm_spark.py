@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from tests.harness import feed_line, tick_line
+from tests.support.harness import feed_line, tick_line
 from traffic.runtime.connect import record_path, recorded_server, write_record
 
 UTC = timezone.utc

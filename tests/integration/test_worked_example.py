@@ -12,7 +12,7 @@ from datetime import date, datetime, timezone
 
 import pytest
 
-from tests.harness import Harness, feed_line, model_tables, tick_line
+from tests.support.harness import Harness, feed_line, model_tables, tick_line
 from tests.model.reference import ModelSettings, ReferenceModel
 
 UTC = timezone.utc

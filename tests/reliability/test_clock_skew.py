@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 
-from tests.harness import Harness, feed_line, tick_line
+from tests.support.harness import Harness, feed_line, tick_line
 from traffic.reporting.report import status
 
 UTC = timezone.utc

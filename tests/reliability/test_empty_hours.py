@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.harness import Harness, feed_line
+from tests.support.harness import Harness, feed_line
 from traffic.reporting.report import status
 
 UTC = timezone.utc

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import capture_factory as cf
+from tests.support import capture_factory as cf
 from traffic.io.captures import parse_capture
 from traffic.io.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Harness, feed_line, micros
+from tests.support.harness import Harness, feed_line, micros
 from traffic.io import inbox as inbox_mod
 from traffic.core.records import MAX_REASON_CHARS
 from traffic.storage.journal import Journal

@@ -6,7 +6,7 @@ import os
 import time
 from datetime import datetime, timedelta, timezone
 
-from tests.harness import Harness, feed_line, tick_line
+from tests.support.harness import Harness, feed_line, tick_line
 from traffic.io.inbox import scan
 
 UTC = timezone.utc

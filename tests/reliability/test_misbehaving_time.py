@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from tests.harness import Harness, feed_line, tick_line
+from tests.support.harness import Harness, feed_line, tick_line
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 1, 10, tzinfo=UTC)

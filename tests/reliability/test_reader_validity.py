@@ -16,7 +16,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import capture_factory as cf
+from tests.support import capture_factory as cf
 from traffic.io.captures import parse_capture
 from traffic.io.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes
 from traffic.core.records import MAX_BYTES_V4, MAX_BYTES_V4_GSO, packet_problem

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Harness, micros
+from tests.support.harness import Harness, micros
 from traffic.runtime.peakmem import PeakMemory
 
 UTC = timezone.utc

@@ -70,7 +70,7 @@ def test_reject_and_late_texts_name_the_time_the_bound_and_the_record():
         {"kind": "reject", "ts": None, "reason": "expected 8 fields", "record": "new,OP_INSERT"},
         {"kind": "packet", "ts": datetime(2026, 11, 1, 11, 30, tzinfo=UTC)},
     ])
-    parts = B.judge(parsed, _rules())
+    parts = B.split_by_fate(parsed, _rules())
     rejects = parts["rejects"].to_pylist()
     assert [r["reason"] for r in rejects] == [
         "time 2026-11-03T00:00:05.000123Z is more than the allowed future skew ahead of this machine's clock "
@@ -97,7 +97,7 @@ def test_hourly_parts_count_known_directions_only_and_sum_across_tasks():
     hour = datetime(2026, 11, 1, 12, tzinfo=UTC)
     parsed = _parsed([{"kind": "packet", "ts": hour + timedelta(minutes=m), "direction": d, "bytes": b}
                       for m, d, b in ((1, "in", 10), (2, "out", 20), (3, None, 40), (4, "internal", 80))])
-    packets = B.judge(parsed, _rules())["packets"]
+    packets = B.split_by_fate(parsed, _rules())["packets"]
     part = parts.hourly_parts(packets)
     assert part.to_pylist() == [{"hour": hour, "local_ip": "10.0.0.1", "remote_ip": "192.0.2.1", "bytes": 150,
                                  "packets": 4, "bytes_in": 10, "bytes_out": 20}]

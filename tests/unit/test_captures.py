@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
-from tests import capture_factory as cf
+from tests.support import capture_factory as cf
 from traffic.io.captures import is_capture, parse_capture
 from traffic.core.records import PARSED_SCHEMA
 
@@ -732,7 +732,7 @@ def test_the_record_walk_finds_exactly_the_records_a_plain_walk_finds(order, sha
 
     import numpy as np
 
-    from traffic.io.captures import _record_offsets
+    from traffic.io.captures import record_offsets
 
     rng = random.Random(f"{order}{shape}")
     if shape == "one length":
@@ -749,11 +749,11 @@ def test_the_record_walk_finds_exactly_the_records_a_plain_walk_finds(order, sha
         corrupt = bytearray(body)
         corrupt[24 + 16 * 100 + sum(lengths[:100]) + 8:][:4] = struct.pack(order + "I", 4_000_000_000)
         for data in (bytes(body), bytes(corrupt)):
-            offsets, end = _record_offsets(data, np.frombuffer(data, np.uint8), order)
+            offsets, end = record_offsets(data, np.frombuffer(data, np.uint8), order)
             assert (offsets.tolist(), end) == _plain_walk(data, order)
         return
     data = bytes(body)
-    offsets, end = _record_offsets(data, np.frombuffer(data, np.uint8), order)
+    offsets, end = record_offsets(data, np.frombuffer(data, np.uint8), order)
     assert (offsets.tolist(), end) == _plain_walk(data, order)
     assert len(offsets) == len(lengths)
 

@@ -39,9 +39,9 @@ MiB = 1024 * 1024
 @settings(max_examples=300, deadline=None)
 @given(size=st.integers(0, 400 * MiB), split=st.integers(MiB, 128 * MiB), parallelism=st.integers(1, 8))
 def test_parse_tasks_are_equal_pieces_no_bigger_than_split_bytes(size, split, parallelism):
-    from traffic.io.inbox import MIN_SPLIT_BYTES, piece_bytes as _piece_bytes
+    from traffic.io.inbox import MIN_SPLIT_BYTES, piece_bytes
 
-    piece = _piece_bytes(size, split, parallelism)
+    piece = piece_bytes(size, split, parallelism)
     tasks = -(-size // piece) if size else 0
     assert piece <= max(split, 1)
     assert tasks >= -(-size // split)  # never fewer tasks than split_bytes asks for
@@ -53,15 +53,15 @@ def test_parse_tasks_are_equal_pieces_no_bigger_than_split_bytes(size, split, pa
 
 
 def test_a_file_just_over_split_bytes_is_not_one_task_and_a_sliver():
-    from traffic.io.inbox import piece_bytes as _piece_bytes
+    from traffic.io.inbox import piece_bytes
 
     size = 69 * 1000 * 1000  # the 1 M-packet bench feed against the 64 MiB default
-    piece = _piece_bytes(size, 64 * MiB, 4)
+    piece = piece_bytes(size, 64 * MiB, 4)
     assert -(-size // piece) == 4 and piece == -(-size // 4)
-    assert _piece_bytes(3 * MiB, 64 * MiB, 4) == 3 * MiB  # small files stay whole
+    assert piece_bytes(3 * MiB, 64 * MiB, 4) == 3 * MiB  # small files stay whole
     # The 10 M bench feed: 11 pieces of 64 MiB would leave one core idle for the last round; 12 do not.
     big = 690 * 1000 * 1000
-    assert -(-big // _piece_bytes(big, 64 * MiB, 4)) == 12
+    assert -(-big // piece_bytes(big, 64 * MiB, 4)) == 12
 
 
 def test_a_capture_and_an_appended_capture_tail_are_split_into_one_range_per_core(tmp_path):

@@ -99,11 +99,11 @@ def test_a_garbage_first_line_does_not_turn_a_router_feed_into_a_rejected_header
 def test_the_utf8_check_agrees_with_python_on_every_edge(data):
     """Arrow checks a chunk's UTF-8 without decoding it; it must reject exactly what Python rejects
     (surrogates, overlong forms, code points past U+10FFFF, cut sequences, stray continuation bytes)."""
-    from traffic.io.readers import _is_utf8
+    from traffic.io.readers import is_utf8
 
     try:
         data.decode("utf-8")
         valid = True
     except UnicodeDecodeError:
         valid = False
-    assert _is_utf8(data) is valid
+    assert is_utf8(data) is valid

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests import capture_factory as cf
+from tests.support import capture_factory as cf
 from traffic.quality import suites as quality
 from traffic.core import records
 from traffic.io.captures import parse_capture

@@ -97,7 +97,7 @@ def fates(parsed: pa.Table, rules: Rules) -> np.ndarray:
         [_REJECTED, _OUTSIDE, _TOO_NEW, _TOO_OLD, _LATE_TICK, _TICK, _LATE], _ON_TIME).astype(np.int8)
 
 
-def judge(parsed: pa.Table, rules: Rules, code: np.ndarray | None = None) -> dict[str, pa.Table]:
+def split_by_fate(parsed: pa.Table, rules: Rules, code: np.ndarray | None = None) -> dict[str, pa.Table]:
     """Split a parsed chunk by fate: ``packets``, ``late``, ``rejects`` rows and the ``summary``."""
     code = fates(parsed, rules) if code is None else code
     ts = parsed.column("ts")
@@ -178,7 +178,7 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
         parsed = unreadable_chunk(row, error)
     del data
     code = fates(parsed, rules)
-    parts = judge(parsed, rules, code)
+    parts = split_by_fate(parsed, rules, code)
     packets = parts["packets"].append_column("batch_id", pa.repeat(pa.scalar(rules.batch_id, pa.int64()),
                                                                     parts["packets"].num_rows))
     name = file_part(row["chunk"], rules.attempt)

@@ -371,7 +371,7 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
     if busy_keys:
         # delta-rs tables list their own parquet files, so tasks read them with Arrow; a delta-spark
         # table may hold deletion vectors its files alone do not show, so Spark reads it.
-        recompute = _recompute_arrow if isinstance(warehouse.table("packets"), RsTable) else _recompute_spark
+        recompute = recompute_arrow if isinstance(warehouse.table("packets"), RsTable) else recompute_spark
         totals = recompute(warehouse, busy_keys)
         warehouse.table("hourly").replace(totals.final, keys=busy_keys, op="freeze")
         warehouse.table("panes").replace(totals.final_panes, keys=busy_keys, op="freeze")
@@ -440,7 +440,7 @@ def _keys_with_rows(warehouse: Warehouse, keys: list[str]) -> set[str]:
     return found
 
 
-def _recompute_arrow(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
+def recompute_arrow(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
     """Recompute in Arrow tasks (``traffic.accounting.freeze_tasks``) that write the hours' final rows and panes
     to staged folders; the driver only sums the tasks' per-hour raw totals and differing rows."""
 
@@ -476,18 +476,17 @@ def _files_by_key(table, keys: list[str]) -> dict[str | None, list]:
     return by_key
 
 
-def _recompute_spark(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
+def recompute_spark(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
     """Recompute with Spark over the table as Spark reads it (delta-spark engine)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
-
 
     # Many hours at once (a replay, a catch-up) are cached on local disk, not in the JVM heap.
     packets = warehouse.table("packets").read(keys=keys).persist(
         StorageLevel.DISK_ONLY if len(keys) > 24 else StorageLevel.MEMORY_AND_DISK_DESER)
     final = T.hourly_totals(packets, "final").persist()
     # Built-in check: the open rows the micro-batches maintained equal the totals recomputed from raw detail.
-    differing = _rows_differing(final, warehouse.table("hourly").read(keys=keys))
+    differing = spark_rows_differing(final, warehouse.table("hourly").read(keys=keys))
     raw = {_utc_hour(k): (int(v["bytes"] or 0), int(v["packets"]))
            for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
     # The hour's final panes, from the same raw detail, attributed with the mapping in force at each pane.
@@ -495,14 +494,13 @@ def _recompute_spark(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
     return _Recomputed(final, final_panes, raw, differing, packets, (packets, final, final_panes))
 
 
-def _rows_differing(final, open_rows) -> dict[datetime, int]:
+def spark_rows_differing(final, open_rows) -> dict[datetime, int]:
     """Per hour, rows of either side without an equal row on the other (a multiset difference both ways).
 
     Both sides hold one row per (hour, local_ip, remote_ip), so one full outer join on that key
     finds them: a key on one side only is one differing row, a key on both with other amounts two.
     """
     from pyspark.sql import functions as F
-
 
     key = ["hour", "local_ip", "remote_ip"]
 
@@ -589,7 +587,6 @@ def roll_up_days(warehouse: Warehouse, days: list[date], frozen_now=frozenset(),
     """
     from pyspark.sql import functions as F
 
-
     state = st.read_clock_state(warehouse)
     starts = sorted(day_start(d) for d in days)
     begin, end = starts[0], starts[-1] + DAY
@@ -643,28 +640,49 @@ def roll_up_days(warehouse: Warehouse, days: list[date], frozen_now=frozenset(),
     if rollable:
         in_days = F.to_date("hour").isin([s.date() for s in rollable])
         finals = hourly.where((F.col("status") == "final") & in_days)
-        daily = T.roll_up(finals, "day", F.to_date("hour")).withColumn("month", F.trunc("day", "month")).persist()
-        day_keys = [cluster_key(s, "day") for s in rollable]
-        warehouse.table("daily").replace(daily, keys=day_keys, op="roll_up")
-        stored = _arrow_sums(warehouse.table("daily").read_arrow(keys=day_keys, columns=["day", "bytes", "packets"]),
-                             "day")
-        from_hours = {_utc_hour(datetime.combine(r["day"], datetime.min.time())): r for r in
-                      finals.groupBy(F.to_date("hour").alias("day")).agg(
-                          F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")).collect()}
-        periods = [("day", s) for s in rollable]
-        check.validate("daily", daily, periods, asset="daily.days")
-        history = st.watermark_history(warehouse)
-        for start in rollable:
-            parts = [r for h, r in hours.items() if start <= h < start + DAY]
-            day_rows.append(_rolled_up_row(warehouse, "day", start, start + DAY, parts, stored.get(start, (0, 0)),
-                                           from_hours.get(start), history, restated))
-        check.validate("periods", _ledger_frame(day_rows), periods, asset="periods.days")
-        daily.unpersist()
+        day_rows = _roll_up_into(warehouse, check, "day", rollable, finals, F.to_date("hour"), hours, restated)
         failures += _judge(check, day_rows)
     hourly.unpersist()
     check.record()
     st.write_ledger_rows(warehouse, _store(changed + day_rows), op="roll_up")
     return [s.date() for s in rollable], failures, check
+
+
+_ROLLED_UP = {"day": "daily", "month": "monthly"}
+
+
+def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[datetime], finer, period_of,
+                  parts_by_start: dict[datetime, dict], restated: str | None) -> list[dict]:
+    """What a day's and a month's roll-up share: sum the finer rows into the coarser table, replace its
+    periods, check them, and build their ledger rows (their verdicts are set by the caller, ``_judge``).
+
+    ``finer``: the final rows of the periods' parts (hourly / daily); ``period_of``: the Spark column
+    giving each row's period start; ``parts_by_start``: the parts' ledger rows by start.
+    """
+    from pyspark.sql import functions as F  # deferred: pyspark's column functions, as everywhere in this module
+
+    table, end_of = _ROLLED_UP[grain], (lambda s: s + DAY) if grain == "day" else next_month
+    rolled = T.roll_up(finer, grain, period_of)
+    if grain == "day":
+        rolled = rolled.withColumn("month", F.trunc("day", "month"))
+    rolled = rolled.persist()
+    keys = [cluster_key(s, grain) for s in rollable]
+    warehouse.table(table).replace(rolled, keys=keys, op="roll_up")
+    stored = _arrow_sums(warehouse.table(table).read_arrow(keys=keys, columns=[grain, "bytes", "packets"]), grain)
+    from_parts = {_utc_hour(datetime.combine(r[grain], datetime.min.time())): r for r in
+                  finer.groupBy(period_of.alias(grain)).agg(
+                      F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")).collect()}
+    periods = [(grain, s) for s in rollable]
+    check.validate(table, rolled, periods, asset=f"{table}.{grain}s")
+    history = st.watermark_history(warehouse)
+    rows = []
+    for start in rollable:
+        parts = [r for s, r in parts_by_start.items() if start <= s < end_of(start)]
+        rows.append(_rolled_up_row(warehouse, grain, start, end_of(start), parts, stored.get(start, (0, 0)),
+                                   from_parts.get(start), history, restated))
+    check.validate("periods", _ledger_frame(rows), periods, asset=f"periods.{grain}s")
+    rolled.unpersist()
+    return rows
 
 
 def _rolled_up_row(warehouse: Warehouse, grain: str, start: datetime, end: datetime, parts: list[dict],
@@ -702,7 +720,6 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
     """
     from pyspark.sql import functions as F
 
-
     months = sorted(months)
     begin, end = months[0], next_month(months[-1])
     month_keys = [cluster_key(m, "month") for m in months]
@@ -736,25 +753,9 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
         rollable.append(month)
     month_rows = []
     if rollable:
-        in_months = F.trunc("day", "month").isin([m.date() for m in rollable])
-        of_months = daily.where(in_months)
-        monthly = T.roll_up(of_months, "month", F.trunc("day", "month")).persist()
-        keys = [cluster_key(m, "month") for m in rollable]
-        warehouse.table("monthly").replace(monthly, keys=keys, op="roll_up")
-        stored = _arrow_sums(warehouse.table("monthly").read_arrow(keys=keys, columns=["month", "bytes", "packets"]),
-                             "month")
-        from_days = {_utc_hour(datetime.combine(r["month"], datetime.min.time())): r for r in
-                     of_months.groupBy(F.trunc("day", "month").alias("month")).agg(
-                         F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")).collect()}
-        periods = [("month", m) for m in rollable]
-        check.validate("monthly", monthly, periods, asset="monthly.months")
-        history = st.watermark_history(warehouse)
-        for month in rollable:
-            parts = [r for d, r in days.items() if month <= d < next_month(month)]
-            month_rows.append(_rolled_up_row(warehouse, "month", month, next_month(month), parts,
-                                             stored.get(month, (0, 0)), from_days.get(month), history, restated))
-        check.validate("periods", _ledger_frame(month_rows), periods, asset="periods.months")
-        monthly.unpersist()
+        of_months = daily.where(F.trunc("day", "month").isin([m.date() for m in rollable]))
+        month_rows = _roll_up_into(warehouse, check, "month", rollable, of_months, F.trunc("day", "month"), days,
+                                   restated)
         failures += _judge(check, month_rows)
     daily.unpersist()
     check.record()

@@ -88,7 +88,7 @@ def raw_sums(packets: pa.Table) -> pa.Table:
 
 
 def rows_differing(final: pa.Table, open_rows: pa.Table) -> pa.Table:
-    """Per hour, rows of either side without an equal row on the other (``close._rows_differing`` in Arrow).
+    """Per hour, rows of either side without an equal row on the other (``close.rows_differing`` in Arrow).
 
     Both sides hold one row per (hour, local_ip, remote_ip): one full outer join on that key finds
     them (a null key equals a null key); a key on one side only is one row, on both with other

@@ -104,9 +104,9 @@ def cmd_ingest(args, settings, spark) -> int:
 def _until(args):
     if not getattr(args, "until", None):
         return None
-    from traffic.core.settings import _parse_now  # deferred: per command (see the docstring)
+    from traffic.core.settings import parse_time  # deferred: per command (see the docstring)
 
-    return _parse_now("--until", args.until)
+    return parse_time("--until", args.until)
 
 
 def _close_and_print(args, settings, spark, until, only=None) -> int:
@@ -223,11 +223,11 @@ def cmd_top(args, settings, spark) -> int:
 
 def cmd_replay(args, settings, spark) -> int:
     from traffic.app.runs import replay  # deferred: per command (see the docstring)
-    from traffic.core.settings import SettingsError, _parse_now  # deferred: per command (see the docstring)
+    from traffic.core.settings import SettingsError, parse_time  # deferred: per command (see the docstring)
 
     if args.restate and not args.reason:
         raise SettingsError("--restate needs --reason (it is recorded in the ledger)")
-    start, end = _parse_now("--from", args.__dict__["from"]), _parse_now("--to", args.to)
+    start, end = parse_time("--from", args.__dict__["from"]), parse_time("--to", args.to)
     batch, closed = replay(settings, spark, Path(args.input), start, end, args.source,
                            args.reason if args.restate else None, progress)
     if batch.nothing_to_do:

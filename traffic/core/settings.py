@@ -91,7 +91,8 @@ def _parse_folders(name: str, value: Any) -> tuple[Path, ...]:
     return tuple(folder.absolute() for folder in folders)
 
 
-def _parse_now(name: str, value: Any) -> datetime | None:
+def parse_time(name: str, value: Any) -> datetime | None:
+    """An ISO-8601 time (no offset: UTC) from a setting, an option or a form field; None when empty."""
     if value in (None, ""):
         return None
     try:
@@ -190,7 +191,7 @@ _PARSERS = {
     "billing_cycle_day": lambda n, v: _parse_cycle_day(n, v),
     "billing_timezone": lambda n, v: _parse_timezone(n, v),
     "billing_unknown_direction": lambda n, v: _choice(n, v, ("in", "out", "both", "ignore")),
-    "now": _parse_now,
+    "now": parse_time,
     "fault_at": lambda n, v: None if v in (None, "") else str(v),
     "extra": lambda n, v: dict(v),
 }

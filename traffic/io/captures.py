@@ -350,7 +350,7 @@ def _read_pcap(data: bytes, order: str, nanos: bool) -> tuple[_Frames, tuple[str
     fcs = ((linktype_field >> 28) & 0xF) * 2 if linktype_field & 0x04000000 else 0
 
     buf = np.frombuffer(data, np.uint8)
-    rec, offset = _record_offsets(data, buf, order)
+    rec, offset = record_offsets(data, buf, order)
     header = _gather(buf, rec, 16).view(order + "u4").reshape(-1, 4).astype(np.int64)
     sec, frac, cap, orig = header.T
     problem = None
@@ -397,13 +397,13 @@ def _read_pcap(data: bytes, order: str, nanos: bool) -> tuple[_Frames, tuple[str
     return frames, problem
 
 
-#: Records tried at once by ``_record_offsets`` (grows while guesses hold, up to the last figure).
+#: Records tried at once by ``record_offsets`` (grows while guesses hold, up to the last figure).
 _GUESS_FIRST, _GUESS_MOST = 64, 1 << 16
 #: Records walked one by one after a guess that held for fewer than 8 (lengths that vary).
 _WALK_AFTER_MISS = 256
 
 
-def _record_offsets(data: bytes, buf: np.ndarray, order: str) -> tuple[np.ndarray, int]:
+def record_offsets(data: bytes, buf: np.ndarray, order: str) -> tuple[np.ndarray, int]:
     """Byte offsets of the pcap record headers from byte 24, and the offset after the last whole one.
 
     Each header's captured length says where the next one starts, so the walk is sequential. A

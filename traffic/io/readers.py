@@ -100,7 +100,7 @@ def parse_bytes(data: bytes, fmt: str, *, source: str, input_file: str, settings
 
 def _split_utf8(data: bytes) -> tuple[bytes, list[str]]:
     """Valid UTF-8 lines, and a hex excerpt of each line that is not (the rare slow path)."""
-    if _is_utf8(data):
+    if is_utf8(data):
         return data, []
     good, bad = [], []
     for line in data.split(b"\n"):
@@ -112,7 +112,7 @@ def _split_utf8(data: bytes) -> tuple[bytes, list[str]]:
     return b"\n".join(good), bad
 
 
-def _is_utf8(data: bytes) -> bool:
+def is_utf8(data: bytes) -> bool:
     """Whether ``data`` is valid UTF-8, checked by Arrow without decoding (10x faster than ``bytes.decode``)."""
     offsets = pa.py_buffer(np.array([0, len(data)], np.int64))
     whole = pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)])
@@ -205,7 +205,7 @@ def parse_router_feed(data: bytes, *, source: str, input_file: str) -> pa.Table:
                 "unknown operation '", table.column("op_new"), ",", table.column("opcode"),
                 "' (only new,OP_INSERT is accepted)", ""),
         )
-    packets = judge(fields, raw, source=source, input_file=input_file, prior_reason=opcode_reason,
+    packets = judge_fields(fields, raw, source=source, input_file=input_file, prior_reason=opcode_reason,
                     require_ports=True, blank_is_tick=False)
     extra = _router_odd_rows(odd, source=source, input_file=input_file)
     return pa.concat_tables([packets, extra, long_lines]) if extra.num_rows or long_lines.num_rows else packets
@@ -251,7 +251,7 @@ def _router_odd_rows(lines: list[str], *, source: str, input_file: str) -> pa.Ta
         empty = pa.array([""] * n, pa.string())
         fields = {"ts": pa.array(ticks, pa.string())}
         fields.update({c: empty for c in PACKET_FIELDS if c != "ts"})
-        parts.append(judge(fields, pa.array(tick_raw, pa.string()), source=source, input_file=input_file))
+        parts.append(judge_fields(fields, pa.array(tick_raw, pa.string()), source=source, input_file=input_file))
     return pa.concat_tables(parts)
 
 
@@ -361,7 +361,7 @@ def _judge_named(columns, raw, bad, bad_reasons, *, source, input_file) -> pa.Ta
     fields = {name: pa.array(columns.get(name, empty), pa.string()) for name in PACKET_FIELDS}
     fields["ts"] = _iso_to_micros(fields["ts"])
     record_source = pa.array(columns.get("source", empty), pa.string())
-    good = judge(fields, pa.array(raw, pa.string()), source=source, input_file=input_file,
+    good = judge_fields(fields, pa.array(raw, pa.string()), source=source, input_file=input_file,
                  record_source=record_source, require_ports=False)
     rejects = _rejects(bad, bad_reasons, source, input_file)
     return pa.concat_tables([good, rejects]) if rejects.num_rows else good
@@ -391,7 +391,7 @@ def _iso_to_micros(ts: pa.Array) -> pa.Array:
 # -- judging --------------------------------------------------------------------------------
 
 
-def judge(fields: dict[str, pa.Array], raw, *, source: str, input_file: str,
+def judge_fields(fields: dict[str, pa.Array], raw, *, source: str, input_file: str,
           prior_reason: pa.Array | None = None, record_source: pa.Array | None = None,
           require_ports: bool = False, blank_is_tick: bool = True) -> pa.Table:
     """Validate text columns into packets, ticks and rejects (first failing check names the reason).

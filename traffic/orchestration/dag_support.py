@@ -281,7 +281,7 @@ def replay_arguments(params: Mapping[str, Any]) -> list[str]:
 
     Values go as ``--name=value``, so a reason or a source that starts with ``-`` stays a value.
     """
-    from traffic.core.settings import SettingsError, _parse_now  # deferred: DAG parsing stays light
+    from traffic.core.settings import SettingsError, parse_time  # deferred: DAG parsing stays light
 
     def text(name: str) -> str:
         value = params.get(name)
@@ -290,7 +290,7 @@ def replay_arguments(params: Mapping[str, Any]) -> list[str]:
     missing = [name for name in ("from", "to", "input") if not text(name)]
     if missing:
         raise SettingsError(f"replay needs {', '.join(missing)}")
-    start, end = _parse_now("from", text("from")), _parse_now("to", text("to"))
+    start, end = parse_time("from", text("from")), parse_time("to", text("to"))
     if end <= start:
         raise SettingsError(f"replay range is empty: from {start.isoformat()} is not before to {end.isoformat()}")
     folder = replay_input(settings_from_env(), text("input"))

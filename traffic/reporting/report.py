@@ -13,7 +13,7 @@ from traffic.core.periods import HOUR
 from traffic.storage.delta import StorageError, Warehouse
 from traffic.storage.journal import Journal
 from traffic.storage.schemas import TABLES
-from traffic.core.settings import Settings, _parse_now
+from traffic.core.settings import Settings, parse_time
 from traffic.core.text import printable
 
 UTC = timezone.utc
@@ -98,7 +98,7 @@ def show(settings: Settings, what: str, start: str | None, end: str | None, top:
     if what in ("account-daily", "account-monthly"):
         from traffic.accounting.bills import account_totals  # deferred: status and show never load pyspark (bills -> panes)
 
-        bound = [_parse_now("--from/--to", b) if b else None for b in (start, end)]
+        bound = [parse_time("--from/--to", b) if b else None for b in (start, end)]
         totals = account_totals(warehouse, "day" if what == "account-daily" else "month", *bound)
         return format_table(totals.slice(0, top) if top else totals)
     table_name, time_column, columns = _VIEWS[what]
@@ -108,7 +108,7 @@ def show(settings: Settings, what: str, start: str | None, end: str | None, top:
         is_date = pa.types.is_date(values.type)
         for bound, op in ((start, pc.greater_equal), (end, pc.less)):
             if bound:
-                moment = _parse_now("--from/--to", bound)
+                moment = parse_time("--from/--to", bound)
                 scalar = pa.scalar(moment.date() if is_date else moment,
                                    values.type if not is_date else pa.date32())
                 table = table.filter(op(values, scalar))

@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "test-output"
 DOC_IMAGES = ROOT / "docs" / "img"
 

@@ -1,0 +1,1 @@
+"""What the tests share: the in-process pipeline harness, capture builders, the fork server, screenshots."""
