@@ -131,6 +131,11 @@ def unreadable_chunk(row: dict, error: BaseException) -> pa.Table:
     return _rejects([what], reason, row["source"], row["name"])
 
 
+def _too_long(size: int) -> str:
+    """Why a line of ``size`` bytes is rejected whole."""
+    return f"line of {size:,} bytes is longer than a record may be ({MAX_LINE_BYTES:,})"
+
+
 def _long_lines(lines: list[bytes]) -> tuple[list[bytes], list[str], list[str]]:
     """Lines short enough to be records, then the others as rejects (an excerpt, and why)."""
     keep, rejected, reasons = [], [], []
@@ -139,7 +144,7 @@ def _long_lines(lines: list[bytes]) -> tuple[list[bytes], list[str], list[str]]:
             keep.append(line)
             continue
         rejected.append(line[:MAX_RECORD_CHARS].decode("utf-8", "replace"))
-        reasons.append(f"line of {len(line):,} bytes is longer than a record may be ({MAX_LINE_BYTES:,})")
+        reasons.append(_too_long(len(line)))
     return keep, rejected, reasons
 
 
@@ -287,8 +292,7 @@ def parse_csv_header(data: bytes, *, source: str, input_file: str) -> pa.Table:
             continue
         if len(line) > MAX_LINE_BYTES:
             bad.append(line[:MAX_RECORD_CHARS])
-            bad_reasons.append(f"line of {len(line.encode()):,} bytes is longer than a record may be "
-                               f"({MAX_LINE_BYTES:,})")
+            bad_reasons.append(_too_long(len(line.encode())))
             continue
         row, problem = _csv_fields(line)
         if problem is not None:
@@ -327,8 +331,7 @@ def parse_json_lines(data: bytes, *, source: str, input_file: str) -> pa.Table:
             continue
         if len(line) > MAX_LINE_BYTES:
             bad.append(line[:MAX_RECORD_CHARS])
-            bad_reasons.append(f"line of {len(line.encode()):,} bytes is longer than a record may be "
-                               f"({MAX_LINE_BYTES:,})")
+            bad_reasons.append(_too_long(len(line.encode())))
             continue
         try:
             obj = json.loads(line)
