@@ -83,3 +83,11 @@ def test_published_statuses():
             {"grain": "day", "period_start": t(2), "dq_status": "passed"},
             {"grain": "hour", "period_start": t(2, 1), "dq_status": "passed"}]
     assert P.starts(rows, "day") == {t(1), t(2)} and P.starts(rows, "day", P.PUBLISHED) == {t(2)}
+
+
+def test_period_ends_ceilings_panes_and_the_expected_sources_window():
+    assert [P.period_end(t(1, 10), "hour"), P.period_end(t(1), "day"), P.period_end(t(1), "month")] == \
+        [t(1, 11), t(2), t(1, month=12)]
+    assert P.hour_ceil(t(1, 10)) == t(1, 10) and P.hour_ceil(t(1, 10, 1)) == t(1, 11)
+    assert P.panes_of(t(1, 10))[::11] == [t(1, 10), t(1, 10, 55)] and len(P.panes_of(t(1, 10))) == 12
+    assert P.expected_sources_window(t(2, 10)) == (t(1, 11), t(2, 11))

@@ -33,7 +33,7 @@ from traffic.core.billing import (
     check_rule,
     pane_series,
 )
-from traffic.core.periods import HOUR, PUBLISHED, hour_floor, hours_between, month_start, next_month
+from traffic.core.periods import PUBLISHED, hour_ceil, hour_floor, hours_between, month_start, next_month
 from traffic.storage.delta import Warehouse, cluster_key
 from traffic.accounting.panes import account_map
 from traffic.core.billing import percentile_rank
@@ -46,22 +46,17 @@ def billing_cycle(settings) -> BillingCycle:
     return BillingCycle(start_day=settings.billing_cycle_day, tz=settings.billing_timezone)
 
 
-def _ceil_hour(ts: datetime) -> datetime:
-    floor = hour_floor(ts)
-    return floor if floor == ts else floor + HOUR
-
-
 def hours_of(period: BillingPeriod, first_hour: datetime | None) -> list[datetime]:
     """The hours a period needs frozen: every hour it overlaps, from the first hour on."""
     if first_hour is None:
         return []
-    return hours_between(max(hour_floor(period.start_utc), first_hour), _ceil_hour(period.end_utc))
+    return hours_between(max(hour_floor(period.start_utc), first_hour), hour_ceil(period.end_utc))
 
 
 def _published_hours(warehouse: Warehouse, period: BillingPeriod) -> set[datetime]:
     start = month_start(period.start_utc)
     keys, month = [], start
-    while month < period.end_utc + HOUR:
+    while month < hour_ceil(period.end_utc):
         keys.append(cluster_key(month, "month"))
         month = next_month(month)
     ledger = st.read_ledger(warehouse, "hour", keys=keys, columns=st.LEDGER_STATUS)
@@ -109,7 +104,7 @@ def final_panes(warehouse: Warehouse, period: BillingPeriod, rows: pa.Table | No
     """
     if rows is None:
         rows = read_final_panes(warehouse, cluster_key(hour_floor(period.start_utc), "hour"),
-                                cluster_key(_ceil_hour(period.end_utc), "hour"))
+                                cluster_key(hour_ceil(period.end_utc), "hour"))
     stamp = pa.timestamp("us", tz="UTC")
     start, end = pa.scalar(period.start_utc, stamp), pa.scalar(period.end_utc, stamp)
     when = rows.column("pane_start")
@@ -222,7 +217,7 @@ def due_periods(warehouse: Warehouse, first_hour: datetime | None, frontier: dat
     # stored bills end instead of re-cutting history into the new periods.
     billed_until = max((end for _, end in stored), default=None)
     period, due = cycle.period_containing(max(first_hour, billed_until or first_hour)), []
-    while _ceil_hour(period.end_utc) <= frontier:
+    while hour_ceil(period.end_utc) <= frontier:
         if (period.start_utc, period.end_utc) not in stored and (billed_until is None
                                                                  or period.start_utc >= billed_until):
             if not all(h in published for h in hours_of(period, first_hour)):
@@ -240,7 +235,7 @@ def _has_bills(warehouse: Warehouse, period: BillingPeriod, mapping) -> bool:
     if any(version.accounts for version in mapping.versions_during(period.start_utc, period.end_utc)):
         return True
     return bool(warehouse.table("panes").files(key_min=cluster_key(hour_floor(period.start_utc), "hour"),
-                                               key_max=cluster_key(_ceil_hour(period.end_utc), "hour")))
+                                               key_max=cluster_key(hour_ceil(period.end_utc), "hour")))
 
 
 def store_bills(warehouse: Warehouse, periods: list[BillingPeriod], validation):

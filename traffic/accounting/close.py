@@ -25,9 +25,10 @@ import pyarrow.compute as pc
 from traffic.runtime import jvm
 from traffic.storage import state as st
 from traffic.accounting.bills import due_periods, store_bills
-from traffic.core.periods import (DAY, HOUR, PANE, PUBLISHED, closed_hours, day_start, days_due, expiry_cutoff,
-                                  days_between, days_of_month, hours_between, hours_of_day, is_published, month_start,
-                                  months_due, next_month, retention_floor, starts)
+from traffic.core.periods import (PUBLISHED, closed_hours, day_start, days_due, expiry_cutoff,
+                                  days_between, days_of_month, expected_sources_window, hours_between, hours_of_day,
+                                  is_published, month_start, months_due, next_month, panes_of, period_end,
+                                  retention_floor, starts)
 from traffic.storage.delta import Warehouse, cluster_key
 from traffic.core.settings import Settings, SettingsError
 from traffic.quality.suites import build_data_docs, preload, prune_reports
@@ -99,7 +100,7 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
     hours_done = {r["period_start"]: r for r in ledger if r["grain"] == "hour"}
     frontier = st.frozen_frontier(ledger)
     plan.hours = closed_hours(state.first_hour, frontier, state.watermark, until)
-    frozen_end = (plan.hours[-1] + HOUR) if plan.hours else (frontier or state.first_hour)
+    frozen_end = period_end(plan.hours[-1], "hour") if plan.hours else (frontier or state.first_hour)
     plan.merge_before = day_start(frozen_end)
     published = {h for h, r in hours_done.items() if is_published(r["dq_status"])}
     freezing = set(plan.hours)
@@ -140,7 +141,7 @@ def restrict(plan: ClosePlan, only: tuple[str, ...] | None) -> ClosePlan:
         # Days/months may only count hours that are frozen already, not ones this plan would freeze.
         first_unfrozen = plan.hours[0]
         plan.bills = []
-        plan.days = [d for d in plan.days if day_start(d) + DAY <= first_unfrozen]
+        plan.days = [d for d in plan.days if period_end(day_start(d), "day") <= first_unfrozen]
         plan.months = [m for m in plan.months if next_month(m) <= first_unfrozen]
     return ClosePlan(
         hours=plan.hours if "freeze" in only else [],
@@ -186,7 +187,7 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
         result.warnings += _warnings(check, "hour", plan.hours)
         if failed:
             first_bad = min(failed)
-            plan.days = [d for d in plan.days if day_start(d) + DAY <= first_bad.replace(hour=0)]
+            plan.days = [d for d in plan.days if period_end(day_start(d), "day") <= first_bad.replace(hour=0)]
             plan.months = [m for m in plan.months if next_month(m) <= first_bad.replace(hour=0)]
     result.seconds["freeze"] = time.perf_counter() - clock
     clock = time.perf_counter()
@@ -398,7 +399,7 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
             "grain": "hour", "period_start": hour, "bytes": table_bytes, "packets": table_packets,
             "late_bytes": late_bytes, "late_packets": late_packets,
             "sources_reporting": reporting, "sources_expected": expected, "panes_active": active,
-            "closed_at_watermark": st.closed_at(history, hour + HOUR),
+            "closed_at_watermark": st.closed_at(history, period_end(hour, "hour")),
             "dq_status": None, "restated": None, "dq_note": None,
             # reconciliation (checked by the `periods` suite, not stored)
             "table_bytes": table_bytes, "table_packets": table_packets,
@@ -522,8 +523,8 @@ def spark_rows_differing(final, open_rows) -> dict[datetime, int]:
 def _completeness(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime, tuple[int, int, int]]:
     """(sources_reporting, sources_expected, panes_active) per hour, from ``source_panes``."""
     settings = warehouse.settings
-    lo = cluster_key(hours[0] + HOUR - DAY, "hour")
-    hi = cluster_key(hours[-1] + HOUR, "hour")
+    lo = cluster_key(expected_sources_window(hours[0])[0], "hour")
+    hi = cluster_key(expected_sources_window(hours[-1])[1], "hour")
     panes = st.rows(warehouse.table("source_panes").read_arrow(key_min=lo, key_max=hi,
                                                                columns=["source", "pane_start"]))
     by_pane: dict[datetime, set[str]] = {}
@@ -532,15 +533,16 @@ def _completeness(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime,
     result = {}
     starts = sorted(by_pane)
     for hour in hours:
-        reporting = set().union(*[by_pane.get(hour + PANE * i, set()) for i in range(12)])
+        reporting = set().union(*[by_pane.get(pane, set()) for pane in panes_of(hour)])
         if settings.expected_sources:
             expected = set(settings.expected_sources)
         else:
             # The panes of the 24 hours ending at the hour's end (a slice of the sorted starts: a long
             # run of hours costs per pane with data, not per hour times panes).
-            window = starts[bisect_left(starts, hour + HOUR - DAY):bisect_left(starts, hour + HOUR)]
+            first, end = expected_sources_window(hour)
+            window = starts[bisect_left(starts, first):bisect_left(starts, end)]
             expected = set().union(*[by_pane[pane] for pane in window])
-        active = sum(1 for i in range(12) if expected <= by_pane.get(hour + PANE * i, set()))
+        active = sum(1 for pane in panes_of(hour) if expected <= by_pane.get(pane, set()))
         result[hour] = (len(reporting), len(expected), active)
     return result
 
@@ -589,7 +591,7 @@ def roll_up_days(warehouse: Warehouse, days: list[date], frozen_now=frozenset(),
 
     state = st.read_clock_state(warehouse)
     starts = sorted(day_start(d) for d in days)
-    begin, end = starts[0], starts[-1] + DAY
+    begin, end = starts[0], period_end(starts[-1], "day")
     month_keys = sorted({cluster_key(month_start(s), "month") for s in starts})
     ledger = st.read_ledger(warehouse, keys=month_keys)
     hours = {r["period_start"]: r for r in ledger if r["grain"] == "hour" and begin <= r["period_start"] < end}
@@ -661,7 +663,7 @@ def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[dateti
     """
     from pyspark.sql import functions as F  # deferred: pyspark's column functions, as everywhere in this module
 
-    table, end_of = _ROLLED_UP[grain], (lambda s: s + DAY) if grain == "day" else next_month
+    table = _ROLLED_UP[grain]
     rolled = T.roll_up(finer, grain, period_of)
     if grain == "day":
         rolled = rolled.withColumn("month", F.trunc("day", "month"))
@@ -677,8 +679,8 @@ def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[dateti
     history = st.watermark_history(warehouse)
     rows = []
     for start in rollable:
-        parts = [r for s, r in parts_by_start.items() if start <= s < end_of(start)]
-        rows.append(_rolled_up_row(warehouse, grain, start, end_of(start), parts, stored.get(start, (0, 0)),
+        parts = [r for s, r in parts_by_start.items() if start <= s < period_end(start, grain)]
+        rows.append(_rolled_up_row(warehouse, grain, start, period_end(start, grain), parts, stored.get(start, (0, 0)),
                                    from_parts.get(start), history, restated))
     check.validate("periods", _ledger_frame(rows), periods, asset=f"periods.{grain}s")
     rolled.unpersist()
@@ -738,7 +740,8 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
         sums = _arrow_sums(warehouse.table("daily").read_arrow(keys=[cluster_key(d, "day") for d in recheck],
                                                                 columns=["day", "bytes", "packets"]), "day")
         view = [{**days[d], "table_bytes": sums.get(d, (0, 0))[0], "table_packets": sums.get(d, (0, 0))[1],
-                 "parts_bytes": sum(h["bytes"] for h in hours if d <= h["period_start"] < d + DAY)} for d in recheck]
+                 "parts_bytes": sum(h["bytes"] for h in hours if d <= h["period_start"] < period_end(d, "day"))}
+                for d in recheck]
         check.validate("periods", _ledger_frame(view), periods, asset="periods.recheck-days")
         changed = _recheck(check, [days[d] for d in recheck], "day")
         for row in changed:

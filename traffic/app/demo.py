@@ -14,6 +14,7 @@ import shutil
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from traffic.core.periods import hours_between, period_end
 from traffic.core.settings import Settings
 
 UTC = timezone.utc
@@ -93,7 +94,7 @@ def run_demo(settings: Settings, spark, base: Path, ingest, close, progress=prin
     inbox.mkdir(parents=True)
     print(f"demo: sample traffic {START:%Y-%m-%d %H:%M} → {END:%Y-%m-%d %H:%M} UTC from edge-a, edge-b, quiet")
     print(f"demo: inbox {inbox}\ndemo: warehouse {settings.warehouse}\n")
-    edges = [START + timedelta(hours=h) for h in range(0, int((END - START) / timedelta(hours=1)) + 1, 5)]
+    edges = hours_between(START, period_end(END, "hour"))[::5]  # a delivery every 5 hours
     if edges[-1] != END:
         edges.append(END)
     failed = False

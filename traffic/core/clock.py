@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Mapping
 
-from traffic.core.periods import HOUR, hour_floor
+from traffic.core.periods import hour_floor, period_end
 
 @dataclass(frozen=True)
 class ClockState:
@@ -64,7 +64,7 @@ class ClockState:
 
     def ahead_when_closed(self, hour: datetime) -> list[str]:
         """Sources that were far ahead after the batch whose watermark closed ``hour``."""
-        end = hour + HOUR
+        end = period_end(hour, "hour")
         return sorted(s for s, spans in self.ahead.items()
                       if any((after is None or after < end) and end <= upto for after, upto in spans))
 

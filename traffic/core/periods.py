@@ -55,6 +55,29 @@ def next_month(start: datetime) -> datetime:
     return start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
 
 
+def period_end(start: datetime, grain: str) -> datetime:
+    """The end of the hour, day or month starting at ``start`` (periods are ``[start, end)``)."""
+    return next_month(start) if grain == "month" else start + (DAY if grain == "day" else HOUR)
+
+
+def hour_ceil(ts: datetime) -> datetime:
+    """The first hour start at or after ``ts``."""
+    floor = hour_floor(ts)
+    return floor if floor == ts else floor + HOUR
+
+
+def panes_of(hour: datetime) -> list[datetime]:
+    """The twelve 5-minute panes of an hour."""
+    return [hour + PANE * i for i in range(12)]
+
+
+def expected_sources_window(hour: datetime) -> tuple[datetime, datetime]:
+    """Where an hour's expected sources come from when none are configured (§6): the 24 hours ending at
+    its end."""
+    end = period_end(hour, "hour")
+    return end - DAY, end
+
+
 def hours_between(start: datetime, end: datetime) -> list[datetime]:
     """The hours that start in ``[start, end)``, in order (``start`` on the hour)."""
     return [start + HOUR * i for i in range(max(0, -(-(end - start) // HOUR)))]

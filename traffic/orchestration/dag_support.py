@@ -203,7 +203,7 @@ def interval_periods(settings, start: datetime, end: datetime) -> list[dict]:
     """Ledger rows the interval ``[start, end)`` closes: its hours, and a day or month ending in it."""
     from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
     from traffic.storage import state as st  # deferred: DAG parsing stays light
-    from traffic.core.periods import DAY, next_month  # deferred: DAG parsing stays light
+    from traffic.core.periods import period_end  # deferred: DAG parsing stays light
 
     warehouse = orchestration.warehouse_if_any(settings)
     if warehouse is None:
@@ -211,7 +211,7 @@ def interval_periods(settings, start: datetime, end: datetime) -> list[dict]:
     chosen = []
     for row in st.read_ledger(warehouse):
         begin = row["period_start"]
-        finish = {"hour": None, "day": begin + DAY, "month": next_month(begin)}.get(row["grain"])
+        finish = None if row["grain"] == "hour" else period_end(begin, row["grain"])
         if row["grain"] == "hour" and start <= begin < end:
             chosen.append(row)
         elif finish is not None and start < finish <= end:

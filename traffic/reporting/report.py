@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 
 from traffic.storage import state as st
 from traffic.core.clock import FIRST_HOUR_GAP, ClockState, first_hour_gap
-from traffic.core.periods import HOUR
+from traffic.core.periods import hours_between
 from traffic.storage.delta import StorageError, Warehouse
 from traffic.storage.journal import Journal
 from traffic.storage.schemas import TABLES
@@ -65,7 +65,7 @@ def clock_warnings(settings: Settings, state: ClockState, ledger: list[dict], op
     gap = first_hour_gap(state.first_hour, data_hours, state.newest())
     if gap is not None:
         notes.append(f"first hour {state.first_hour:%Y-%m-%d %H:00} is {_span(gap)} before the next hour with data, "
-                     f"{int(gap / HOUR) - 1:,} empty hours between, each closed and in the ledger: a stray old "
+                     f"{len(hours_between(state.first_hour, state.first_hour + gap)) - 1:,} empty hours between, each closed and in the ledger: a stray old "
                      f"record? (warned beyond {_span(FIRST_HOUR_GAP)})")
     return notes
 

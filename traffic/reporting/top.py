@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from traffic.core.accounts import NO_ACCOUNTS, load_accounts
-from traffic.core.periods import DAY, HOUR, day_start, hour_floor, hours_between, is_closed, retention_floor
+from traffic.core.periods import day_start, hour_ceil, hour_floor, hours_between, is_closed, period_end, retention_floor
 from traffic.storage.delta import Warehouse, cluster_key
 from traffic.storage.state import read_clock_state
 
@@ -124,12 +124,12 @@ def top_talkers(warehouse: Warehouse, last: timedelta, by: str = "host", limit: 
     start, note = watermark - last, None
     kept_from = retention_floor(watermark, timedelta(hours=warehouse.settings.keep_hours))
     if start != hour_floor(start) and hour_floor(start) < kept_from:
-        snapped = hour_floor(start) + HOUR
+        snapped = hour_ceil(start)
         note = (f"raw detail before {kept_from:%Y-%m-%d %H:%M} is not kept (keep_hours="
                 f"{warehouse.settings.keep_hours}): the window starts at {snapped:%Y-%m-%d %H:%M} instead of "
                 f"{start:%Y-%m-%d %H:%M:%S}")
         start = snapped
-    first_whole = start if start == hour_floor(start) else hour_floor(start) + HOUR
+    first_whole = hour_ceil(start)
     result = TopTalkers(by=by, start=start, end=watermark, rows=[], keys=0, note=note)
     running = None
     if start < first_whole:  # the partial hour at the start edge
@@ -137,7 +137,7 @@ def top_talkers(warehouse: Warehouse, last: timedelta, by: str = "host", limit: 
         result.raw_hours.append(hour_floor(start))
     hour = first_whole
     while is_closed(hour, watermark):  # the whole hours, up to hour_floor(W), a UTC day per read
-        until = min(day_start(hour.date()) + DAY, hour_floor(watermark))
+        until = min(period_end(day_start(hour.date()), "day"), hour_floor(watermark))
         hours = hours_between(hour, until)
         running = _fold(running, _hourly_part(warehouse, hours, key), key)
         result.whole_hours += hours

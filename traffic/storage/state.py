@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic.core.clock import ClockState
-from traffic.core.periods import HOUR, month_start
+from traffic.core.periods import period_end, month_start
 from traffic.storage.delta import Warehouse, cluster_key
 from traffic.storage.schemas import arrow_schema
 
@@ -140,7 +140,7 @@ def closed_at(history: list[tuple[int, datetime]], period_end: datetime) -> date
 def frozen_frontier(ledger: list[dict]) -> datetime | None:
     """The end of the frozen hours: hours freeze in order, so every hour from here on is still open."""
     hours = [r["period_start"] for r in ledger if r["grain"] == "hour"]
-    return max(hours) + HOUR if hours else None
+    return period_end(max(hours), "hour") if hours else None
 
 
 #: The ledger columns that say which periods are closed and how they stand.
