@@ -26,15 +26,11 @@ def open_regular(path: str):
         raise
 
 
-def read_piece(path: str, start: int, end: int, sha256: str, whole_from: int | None = None) -> bytes:
-    """Exactly the planned bytes ``[start, end)``, or PieceChanged when they are not what was planned.
-
-    ``whole_from``: check the sha256 of ``[whole_from, end)`` instead (a capture checks the whole file).
-    """
-    begin = start if whole_from is None else whole_from
+def read_piece(path: str, start: int, end: int, sha256: str) -> bytes:
+    """Exactly the planned bytes ``[start, end)``, or PieceChanged when they are not what was planned."""
     with open_regular(path) as handle:
-        handle.seek(begin)
-        data = handle.read(end - begin)
-    if len(data) != end - begin or hashlib.sha256(data).hexdigest() != sha256:
-        raise PieceChanged(f"bytes {begin}-{end} of {path} changed after the batch was planned")
+        handle.seek(start)
+        data = handle.read(end - start)
+    if len(data) != end - start or hashlib.sha256(data).hexdigest() != sha256:
+        raise PieceChanged(f"bytes {start}-{end} of {path} changed after the batch was planned")
     return data

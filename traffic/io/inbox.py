@@ -160,7 +160,6 @@ class Cutting:
     parallelism: int = 1
     slots: int = 1
     partial_line_grace: float = 300.0  # seconds a file must stay unchanged before its unterminated line counts
-    now: float | None = None  # the machine clock (seconds), for that grace; None: time.time()
 
 
 #: A piece is never cut smaller than this (below it, a task's fixed cost dominates).
@@ -197,8 +196,7 @@ def survey(f: InboxFile, cutting: Cutting) -> tuple[InboxFile, str]:
         head = handle.read(4096)
         fmt = detect_format(f.name, head)
         end = min(f.size, info.st_size)
-        now = time.time() if cutting.now is None else cutting.now
-        if fmt != CAPTURE and end > f.start and now - info.st_mtime < cutting.partial_line_grace:
+        if fmt != CAPTURE and end > f.start and time.time() - info.st_mtime < cutting.partial_line_grace:
             end = _after_last_newline(handle, f.start, end)
         cuts = [f.start, end]
         if fmt == CAPTURE and end - f.start >= 2 * MIN_SPLIT_BYTES:
