@@ -65,6 +65,12 @@ def test_replay_into_closed_range_is_late(spark, tmp_path):
     assert _reconciles(harness)
 
 
+def _hour_checks(harness, hour) -> set[tuple[str, str]]:
+    """(table, run id) of every check result recorded for one hour."""
+    return {(r["table"], r["run_id"]) for r in harness.table("dq_results")
+            if r["grain"] == "hour" and r["period_start"] == hour}
+
+
 def test_restatement_replaces_a_frozen_range_and_says_why(spark, tmp_path):
     harness = Harness(tmp_path / "w", spark)
     original = _archive(tmp_path / "v1", range(0, 49), 100)
@@ -77,7 +83,11 @@ def test_restatement_replaces_a_frozen_range_and_says_why(spark, tmp_path):
     corrected = _archive(tmp_path / "v2", range(3, 5), 250, name="fixed.csv")
     with pytest.raises(SettingsError, match="needs --reason"):
         _replay(harness, corrected, D1 + timedelta(hours=3), D1 + timedelta(hours=5), restate=" ")
+    checked_before = _hour_checks(harness, D1 + timedelta(hours=3))
     _replay(harness, corrected, D1 + timedelta(hours=3), D1 + timedelta(hours=5), restate="exporter bug #12 fixed")
+    # The restated hours were frozen again: their rows and ledger rows checked anew, not published unchecked.
+    checked_after = _hour_checks(harness, D1 + timedelta(hours=3))
+    assert {"hourly", "panes", "periods"} <= {t for t, _ in checked_after - checked_before}
     ledger = {(r["grain"], r["period_start"]): r for r in harness.table("periods")}
     for h in (3, 4):
         row = ledger[("hour", D1 + timedelta(hours=h))]

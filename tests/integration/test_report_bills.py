@@ -252,7 +252,7 @@ def test_a_later_report_reads_only_the_open_periods_panes_and_writes_the_same_pa
     html_bills.write_bill_pages(warehouse, reports, generated)
     assert sorted(read, key=str) == sorted([("2026-11", True), ("2026-10", False), ("totals", (
         "month", datetime(2026, 10, 1, tzinfo=UTC), datetime(2026, 11, 1, tzinfo=UTC))),
-        ("panes", ("2026-11-01T00", "2026-11-01T24"))], key=str)
+        ("panes", (datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 11, 2, tzinfo=UTC)))], key=str)
     assert {p: p.read_bytes() for p in (reports / "bills").rglob("*.html")} == pages
 
 

@@ -34,7 +34,7 @@ from traffic.core.billing import (
     pane_series,
 )
 from traffic.core.periods import PUBLISHED, hour_ceil, hour_floor, hours_between, month_start, next_month
-from traffic.storage.delta import Warehouse, cluster_key
+from traffic.storage.delta import Warehouse
 from traffic.accounting.panes import account_map
 from traffic.core.billing import percentile_rank
 
@@ -55,11 +55,11 @@ def hours_of(period: BillingPeriod, first_hour: datetime | None) -> list[datetim
 
 def _published_hours(warehouse: Warehouse, period: BillingPeriod) -> set[datetime]:
     start = month_start(period.start_utc)
-    keys, month = [], start
+    months, month = [], start
     while month < hour_ceil(period.end_utc):
-        keys.append(cluster_key(month, "month"))
+        months.append(month)
         month = next_month(month)
-    ledger = st.read_ledger(warehouse, "hour", keys=keys, columns=st.LEDGER_STATUS)
+    ledger = st.read_ledger(warehouse, "hour", keys=months, columns=st.LEDGER_STATUS)
     return {r["period_start"] for r in ledger if r["dq_status"] in PUBLISHED}
 
 
@@ -90,9 +90,9 @@ def _period_state(warehouse: Warehouse, period: BillingPeriod) -> tuple[bool, in
 BILL_COLUMNS = ["pane_start", "account", "direction", "bytes", "mapping_version"]
 
 
-def read_final_panes(warehouse: Warehouse, key_min: str | None = None, key_max: str | None = None) -> pa.Table:
-    """The final pane rows (``BILL_COLUMNS``) of the hour keys from ``key_min`` to ``key_max``."""
-    return warehouse.table("panes").read_arrow(key_min=key_min, key_max=key_max, columns=BILL_COLUMNS,
+def read_final_panes(warehouse: Warehouse, start: datetime | None = None, end: datetime | None = None) -> pa.Table:
+    """The final pane rows (``BILL_COLUMNS``) of the hours from ``start`` to ``end`` (exclusive)."""
+    return warehouse.table("panes").read_arrow(key_min=start, key_max=end, columns=BILL_COLUMNS,
                                                filter=pc.field("status") == "final")
 
 
@@ -103,8 +103,7 @@ def final_panes(warehouse: Warehouse, period: BillingPeriod, rows: pa.Table | No
     them, the period's hours are read.
     """
     if rows is None:
-        rows = read_final_panes(warehouse, cluster_key(hour_floor(period.start_utc), "hour"),
-                                cluster_key(hour_ceil(period.end_utc), "hour"))
+        rows = read_final_panes(warehouse, hour_floor(period.start_utc), hour_ceil(period.end_utc))
     stamp = pa.timestamp("us", tz="UTC")
     start, end = pa.scalar(period.start_utc, stamp), pa.scalar(period.end_utc, stamp)
     when = rows.column("pane_start")
@@ -197,7 +196,7 @@ def bill_rows(result: PeriodBills) -> list[dict]:
 
 def stored_bills(warehouse: Warehouse, period: BillingPeriod) -> list[dict]:
     """The stored bills of exactly this period (same start and end), if any."""
-    rows = st.rows(warehouse.table("bills").read_arrow(keys=[cluster_key(period.start_utc, "month")]))
+    rows = st.rows(warehouse.table("bills").read_arrow(keys=[period.start_utc]))
     return [r for r in rows if r["period_start"] == period.start_utc and r["period_end"] == period.end_utc]
 
 
@@ -234,8 +233,7 @@ def _has_bills(warehouse: Warehouse, period: BillingPeriod, mapping) -> bool:
     to store: left due, it would be computed and checked (an empty check fails) at every close."""
     if any(version.accounts for version in mapping.versions_during(period.start_utc, period.end_utc)):
         return True
-    return bool(warehouse.table("panes").files(key_min=cluster_key(hour_floor(period.start_utc), "hour"),
-                                               key_max=cluster_key(hour_ceil(period.end_utc), "hour")))
+    return bool(warehouse.table("panes").files(key_min=hour_floor(period.start_utc), key_max=hour_ceil(period.end_utc)))
 
 
 def store_bills(warehouse: Warehouse, periods: list[BillingPeriod], validation):
@@ -266,8 +264,7 @@ def store_bills(warehouse: Warehouse, periods: list[BillingPeriod], validation):
     check.record()
     table = warehouse.table("bills")
     for label, (result, rows) in rows_by_period.items():
-        key = cluster_key(result.period.start_utc, "month")
-        table.replace(pa.Table.from_pylist(rows, schema=table.arrow_schema), keys=[key], op="bill")
+        table.replace(pa.Table.from_pylist(rows, schema=table.arrow_schema), keys=[result.period.start_utc], op="bill")
         stored.append(label)
     return stored, failures, check
 
@@ -308,7 +305,7 @@ def account_totals(warehouse: Warehouse, grain: str, start: datetime | None = No
         raise BillingError(f"account totals are per day or month, not {grain!r}")
     rolled = {r["period_start"] for r in st.read_ledger(warehouse, grain)}
     table = warehouse.table("panes").read_arrow(
-        key_min=cluster_key(start, "hour") if start else None, key_max=cluster_key(end, "hour") if end else None,
+        key_min=start, key_max=end,
         columns=["pane_start", "account", "direction", "bytes", "packets", "status"],
         filter=pc.field("status") == "final")
     unit = "day" if grain == "day" else "month"

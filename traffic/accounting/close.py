@@ -29,7 +29,7 @@ from traffic.core.periods import (PUBLISHED, closed_hours, day_start, days_due, 
                                   days_between, days_of_month, expected_sources_window, hours_between, hours_of_day,
                                   is_published, month_start, months_due, next_month, panes_of, period_end,
                                   retention_floor, starts)
-from traffic.storage.delta import Warehouse, cluster_key
+from traffic.storage.delta import Warehouse
 from traffic.core.settings import Settings, SettingsError
 from traffic.quality.suites import build_data_docs, preload, prune_reports
 from traffic.quality.suites import Validation
@@ -113,15 +113,12 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
     plan.months = months_due(state.first_hour, state.watermark, rolled_days, starts(ledger, "month"),
                              unpublished_days, until)
     cutoff = expiry_cutoff(state.watermark, settings.keep_hours, frozen_end)
-    packet_keys = warehouse.table("packets").keys()
-    plan.expire_packets = [k for k in packet_keys if k < cluster_key(cutoff, "hour")]
+    plan.expire_packets = warehouse.table("packets").keys_before(cutoff)
     for table, retention in (("late_packets", settings.late_retention), ("rejects", settings.reject_retention),
                              ("source_panes", settings.dq_retention)):
-        bound = cluster_key(retention_floor(state.watermark, retention), "hour")
-        plan.expire_other[table] = [k for k in warehouse.table(table).keys() if k < bound]
+        plan.expire_other[table] = warehouse.table(table).keys_before(retention_floor(state.watermark, retention))
     plan.dq_bound = month_start(retention_floor(state.watermark, settings.dq_retention))
-    dq_bound = cluster_key(plan.dq_bound, "month")
-    plan.expire_other["dq_results"] = [k for k in warehouse.table("dq_results").keys() if k < dq_bound]
+    plan.expire_other["dq_results"] = warehouse.table("dq_results").keys_before(plan.dq_bound)
     # Bills of billing periods whose hours are all frozen (by now or by this run) and published.
     plan.bills = due_periods(warehouse, state.first_hour, frozen_end, published | freezing)
     return plan
@@ -230,7 +227,7 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
         if table == "dq_results" and plan.dq_bound is not None:
             # Listed again now: this run's own checks of periods already past dq_retention (a catch-up over
             # months) go too, as they would at a rerun of this close after a crash, which finds them written.
-            keys = [k for k in warehouse.table(table).keys() if k < cluster_key(plan.dq_bound, "month")]
+            keys = warehouse.table(table).keys_before(plan.dq_bound)
         if keys:
             warehouse.table(table).delete_keys(keys, op="expire")
     if plan.dq_bound is not None:
@@ -323,19 +320,19 @@ def _late_kept(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime, in
     """Σ late_packets bytes per hour, or None for hours whose late records may already have expired."""
     watermark = st.read_clock_state(warehouse).watermark
     bound = retention_floor(watermark, warehouse.settings.late_retention) if watermark else None
-    late = warehouse.table("late_packets").read_arrow(keys=[cluster_key(h, "hour") for h in hours],
+    late = warehouse.table("late_packets").read_arrow(keys=hours,
                                                       columns=["hour", "bytes"])
     sums = _arrow_sums(late, "hour", counted=None)
     return {h: (None if bound is not None and h < bound else sums.get(h, [0, 0])[0]) for h in hours}
 
 
-def _validate_side_tables(warehouse: Warehouse, check, keys: list[str], periods: list, step: str) -> None:
+def _validate_side_tables(warehouse: Warehouse, check, periods: list, step: str) -> None:
     """Ingest health of the hours that have late records or rejects (one run per table over all of them)."""
     for name in ("late_packets", "rejects"):
-        present = sorted({f.key for f in warehouse.table(name).files(keys=keys)})
+        present = set(warehouse.table(name).periods_with_files([start for _, start in periods]))
         if present:
-            covered = [p for p in periods if cluster_key(p[1], "hour") in present]
-            check.validate(name, warehouse.table(name).read(keys=present), covered, asset=f"{name}.{step}")
+            covered = [p for p in periods if p[1] in present]
+            check.validate(name, warehouse.table(name).read(keys=sorted(present)), covered, asset=f"{name}.{step}")
 
 
 @dataclass
@@ -352,38 +349,39 @@ class _Recomputed:
     cached: tuple = ()
 
 
-def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dict[datetime, str]:
+def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None,
+                 restated: str | None = None) -> dict[datetime, str]:
     """Write final rows and panes, check them and write the ledger rows for ``hours`` in one pass.
 
     Returns the hours that failed a critical check, each with the message naming the check
     and the value it failed with. A failed hour keeps its final rows but is not published
-    (``dq_status = failed``), so no day is rolled up over it.
+    (``dq_status = failed``), so no day is rolled up over it. ``restated`` is the reason when the
+    hours are frozen again after a restatement replaced their raw detail.
     """
 
     check = check or _validation(warehouse, "freeze", [("hour", h) for h in hours])
-    keys = [cluster_key(h, "hour") for h in hours]
     periods = [("hour", h) for h in hours]
     # Only hours with rows cost work: an empty hour (no packets, no open rows or panes) has nothing to
     # recompute, write or check but its ledger row, which is built and checked with the others below.
     # A year of empty hours (one stray old record) closes at the cost of the hours with data.
-    busy = _keys_with_rows(warehouse, keys)
-    busy_keys = [k for k in keys if k in busy]
-    busy_periods = [p for p, k in zip(periods, keys) if k in busy]
-    if busy_keys:
+    busy = set(_hours_with_rows(warehouse, hours))
+    busy_hours = [h for h in hours if h in busy]
+    busy_periods = [("hour", h) for h in busy_hours]
+    if busy_hours:
         # delta-rs tables list their own parquet files, so tasks read them with Arrow; a delta-spark
         # table may hold deletion vectors its files alone do not show, so Spark reads it.
         recompute = recompute_arrow if isinstance(warehouse.table("packets"), RsTable) else recompute_spark
-        totals = recompute(warehouse, busy_keys)
-        warehouse.table("hourly").replace(totals.final, keys=busy_keys, op="freeze")
-        warehouse.table("panes").replace(totals.final_panes, keys=busy_keys, op="freeze")
+        totals = recompute(warehouse, busy_hours)
+        warehouse.table("hourly").replace(totals.final, keys=busy_hours, op="freeze")
+        warehouse.table("panes").replace(totals.final_panes, keys=busy_hours, op="freeze")
     else:
         totals = _Recomputed(None, None, {}, {}, None)
-    stored = _arrow_sums(warehouse.table("hourly").read_arrow(keys=busy_keys, columns=["hour", "bytes", "packets"]),
+    stored = _arrow_sums(warehouse.table("hourly").read_arrow(keys=busy_hours, columns=["hour", "bytes", "packets"]),
                          "hour")
-    pane_sums = _arrow_sums(warehouse.table("panes").read_arrow(keys=busy_keys, columns=["hour", "bytes", "packets"]),
+    pane_sums = _arrow_sums(warehouse.table("panes").read_arrow(keys=busy_hours, columns=["hour", "bytes", "packets"]),
                             "hour")
 
-    late = warehouse.table("late_packets").read_arrow(keys=keys, columns=["hour", "bytes"])
+    late = warehouse.table("late_packets").read_arrow(keys=hours, columns=["hour", "bytes"])
     late_totals = _arrow_sums(late, "hour", counted=None)
     late_kept = _late_kept(warehouse, hours)
     completeness = _completeness(warehouse, hours)
@@ -396,11 +394,8 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
         table_bytes, table_packets = stored.get(hour, (0, 0))
         source_bytes, source_packets = totals.raw.get(hour, (0, 0))
         rows.append({
-            "grain": "hour", "period_start": hour, "bytes": table_bytes, "packets": table_packets,
-            "late_bytes": late_bytes, "late_packets": late_packets,
-            "sources_reporting": reporting, "sources_expected": expected, "panes_active": active,
-            "closed_at_watermark": st.closed_at(history, period_end(hour, "hour")),
-            "dq_status": None, "restated": None, "dq_note": None,
+            **_ledger_row("hour", hour, (table_bytes, table_packets), (late_bytes, late_packets),
+                          (reporting, expected, active), st.closed_at(history, period_end(hour, "hour")), restated),
             # reconciliation (checked by the `periods` suite, not stored)
             "table_bytes": table_bytes, "table_packets": table_packets,
             "source_bytes": source_bytes, "source_packets": source_packets,
@@ -408,51 +403,43 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None) -> dic
             "panes_bytes": pane_sums.get(hour, (0, 0))[0], "panes_packets": pane_sums.get(hour, (0, 0))[1],
             "sources_ahead": ", ".join(clocks.ahead_when_closed(hour)) or None,
         })
-    if busy_keys:
+    if busy_hours:
         # The row suites check the hours that have rows; an empty hour is checked by its ledger row.
         check.validate("packets", totals.packets, busy_periods, asset="packets.freeze",
                        rows=sum(count for _, count in totals.raw.values()))
         # The final rows and panes as stored (an Arrow freeze wrote them from its tasks).
-        check.validate("hourly", warehouse.table("hourly").read(keys=busy_keys), busy_periods, asset="hourly.freeze")
-        check.validate("panes", warehouse.table("panes").read(keys=busy_keys), busy_periods, asset="panes.freeze")
-    _validate_side_tables(warehouse, check, keys, periods, "freeze")
+        check.validate("hourly", warehouse.table("hourly").read(keys=busy_hours), busy_periods, asset="hourly.freeze")
+        check.validate("panes", warehouse.table("panes").read(keys=busy_hours), busy_periods, asset="panes.freeze")
+    _validate_side_tables(warehouse, check, periods, "freeze")
     check.validate("periods", _ledger_frame(rows), periods, asset="periods.freeze")
     for frame in totals.cached:
         frame.unpersist()
-    failed: dict[datetime, str] = {}
-    for row in rows:
-        row["dq_status"], row["dq_note"] = check.status("hour", row["period_start"])
-        if row["dq_status"] == "failed":
-            failed[row["period_start"]] = check.message("hour", row["period_start"])
+    _judge(check, rows)
+    failed = {row["period_start"]: check.message("hour", row["period_start"])
+              for row in rows if row["dq_status"] == "failed"}
     check.record()
     st.write_ledger_rows(warehouse, _store(rows), op="freeze")
     return failed
 
 
-def _keys_with_rows(warehouse: Warehouse, keys: list[str]) -> set[str]:
-    """The hour keys among ``keys`` with rows in ``packets``, ``hourly`` or ``panes`` (from the file lists
-    alone). A merged file spanning several hours (a restated range) counts for every key it may hold."""
-    wanted, found = set(keys), set()
-    for name in ("packets", "hourly", "panes"):
-        for f in warehouse.table(name).files(keys=keys):
-            if f.key not in wanted:
-                return wanted
-            found.add(f.key)
-    return found
+def _hours_with_rows(warehouse: Warehouse, hours: list[datetime]) -> set[datetime]:
+    """The hours among ``hours`` with rows in ``packets``, ``hourly`` or ``panes`` (from the file lists
+    alone). A merged file spanning several hours (a restated range) counts for every hour it may hold."""
+    return {h for name in ("packets", "hourly", "panes") for h in warehouse.table(name).periods_with_files(hours)}
 
 
-def recompute_arrow(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
+def recompute_arrow(warehouse: Warehouse, hours: list[datetime]) -> _Recomputed:
     """Recompute in Arrow tasks (``traffic.accounting.freeze_tasks``) that write the hours' final rows and panes
     to staged folders; the driver only sums the tasks' per-hour raw totals and differing rows."""
 
     packets, hourly = warehouse.table("packets"), warehouse.table("hourly")
-    raw_files, open_files = _files_by_key(packets, keys), _files_by_key(hourly, keys)
-    hours = [(freeze_tasks.Hour(key, tuple(str(packets.path / f.path) for f in raw_files.get(key, ())),
-                     tuple(str(hourly.path / f.path) for f in open_files.get(key, ()))),
-              sum(f.size for f in raw_files.get(key, ())))
-             for key in keys if key in raw_files or key in open_files]
+    raw_files, open_files = packets.paths_by_period(hours), hourly.paths_by_period(hours)
+    work = [(freeze_tasks.Hour(hour, tuple(path for path, _ in raw_files.get(hour, ())),
+                               tuple(path for path, _ in open_files.get(hour, ()))),
+             sum(size for _, size in raw_files.get(hour, ())))
+            for hour in hours if hour in raw_files or hour in open_files]
     # Two tasks per slot: an uneven split leaves a core idle for less of the job.
-    groups = freeze_tasks.share_out(hours, 2 * task_slots(warehouse.settings))
+    groups = freeze_tasks.share_out(work, 2 * task_slots(warehouse.settings))
     scratch = warehouse.scratch("freeze")
     job = freeze_tasks.Job(str(scratch), hourly.staging(), warehouse.table("panes").staging(),
                 P.Mapping.of(warehouse.settings.accounts_file))
@@ -466,28 +453,20 @@ def recompute_arrow(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
     return _Recomputed(job.hourly, job.panes, {h: tuple(v) for h, v in _arrow_sums(raw, "hour").items()},
                        {_utc_hour(h): n for h, n in zip(differing.column("hour").to_pylist(),
                                                         differing.column("n").to_pylist())},
-                       packets.read(keys=keys))
+                       packets.read(keys=hours))
 
 
-def _files_by_key(table, keys: list[str]) -> dict[str | None, list]:
-    """A table's data files of ``keys``, by cluster key."""
-    by_key: dict[str | None, list] = {}
-    for f in table.files(keys=keys):
-        by_key.setdefault(f.key, []).append(f)
-    return by_key
-
-
-def recompute_spark(warehouse: Warehouse, keys: list[str]) -> _Recomputed:
+def recompute_spark(warehouse: Warehouse, hours: list[datetime]) -> _Recomputed:
     """Recompute with Spark over the table as Spark reads it (delta-spark engine)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     # Many hours at once (a replay, a catch-up) are cached on local disk, not in the JVM heap.
-    packets = warehouse.table("packets").read(keys=keys).persist(
-        StorageLevel.DISK_ONLY if len(keys) > 24 else StorageLevel.MEMORY_AND_DISK_DESER)
+    packets = warehouse.table("packets").read(keys=hours).persist(
+        StorageLevel.DISK_ONLY if len(hours) > 24 else StorageLevel.MEMORY_AND_DISK_DESER)
     final = T.hourly_totals(packets, "final").persist()
     # Built-in check: the open rows the micro-batches maintained equal the totals recomputed from raw detail.
-    differing = spark_rows_differing(final, warehouse.table("hourly").read(keys=keys))
+    differing = spark_rows_differing(final, warehouse.table("hourly").read(keys=hours))
     raw = {_utc_hour(k): (int(v["bytes"] or 0), int(v["packets"]))
            for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
     # The hour's final panes, from the same raw detail, attributed with the mapping in force at each pane.
@@ -523,8 +502,7 @@ def spark_rows_differing(final, open_rows) -> dict[datetime, int]:
 def _completeness(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime, tuple[int, int, int]]:
     """(sources_reporting, sources_expected, panes_active) per hour, from ``source_panes``."""
     settings = warehouse.settings
-    lo = cluster_key(expected_sources_window(hours[0])[0], "hour")
-    hi = cluster_key(expected_sources_window(hours[-1])[1], "hour")
+    lo, hi = expected_sources_window(hours[0])[0], expected_sources_window(hours[-1])[1]
     panes = st.rows(warehouse.table("source_panes").read_arrow(key_min=lo, key_max=hi,
                                                                columns=["source", "pane_start"]))
     by_pane: dict[datetime, set[str]] = {}
@@ -592,31 +570,29 @@ def roll_up_days(warehouse: Warehouse, days: list[date], frozen_now=frozenset(),
     state = st.read_clock_state(warehouse)
     starts = sorted(day_start(d) for d in days)
     begin, end = starts[0], period_end(starts[-1], "day")
-    month_keys = sorted({cluster_key(month_start(s), "month") for s in starts})
-    ledger = st.read_ledger(warehouse, keys=month_keys)
+    ledger = st.read_ledger(warehouse, keys=sorted({month_start(s) for s in starts}))
     hours = {r["period_start"]: r for r in ledger if r["grain"] == "hour" and begin <= r["period_start"] < end}
     check = _validation(warehouse, "days", [("day", s) for s in starts], hours.values())
-    hourly = warehouse.table("hourly").read(key_min=cluster_key(begin, "hour"), key_max=cluster_key(end, "hour")).persist()
+    hourly = warehouse.table("hourly").read(key_min=begin, key_max=end).persist()
     recheck = sorted(h for h in hours if h not in frozen_now)
     failures: list[str] = []
     changed: list[dict] = []
     if recheck:
         periods = [("hour", h) for h in recheck]
-        keys = [cluster_key(h, "hour") for h in recheck]
         rows_of = hourly.where(F.col("hour").isin(recheck)) if len(recheck) < len(hours) else hourly
         # As when they were frozen: the row suite checks the hours that have rows, every hour its ledger row.
-        with_rows = {_utc_hour(h) for h in warehouse.table("hourly").read_arrow(keys=keys, columns=["hour"])
+        with_rows = {_utc_hour(h) for h in warehouse.table("hourly").read_arrow(keys=recheck, columns=["hour"])
                      .column("hour").to_pylist()}
         row_periods = [p for p in periods if p[1] in with_rows]
         if row_periods:
             check.validate("hourly", rows_of, row_periods, asset="hourly.recheck")
-        _validate_side_tables(warehouse, check, keys, periods, "days")
+        _validate_side_tables(warehouse, check, periods, "days")
         final_sums = _arrow_sums(warehouse.table("hourly").read_arrow(
-            keys=keys, columns=["hour", "bytes", "packets"], filter=pc.field("status") == "final"), "hour")
-        present = set(warehouse.table("packets").keys()) & set(keys)
+            keys=recheck, columns=["hour", "bytes", "packets"], filter=pc.field("status") == "final"), "hour")
+        present = warehouse.table("packets").periods_with_files(recheck)
         raw = {}
         if present:
-            packets = warehouse.table("packets").read(keys=sorted(present))
+            packets = warehouse.table("packets").read(keys=present)
             raw = {_utc_hour(k): v for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
         late_kept = _late_kept(warehouse, recheck)
         view = []
@@ -668,7 +644,7 @@ def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[dateti
     if grain == "day":
         rolled = rolled.withColumn("month", F.trunc("day", "month"))
     rolled = rolled.persist()
-    keys = [cluster_key(s, grain) for s in rollable]
+    keys = rollable
     warehouse.table(table).replace(rolled, keys=keys, op="roll_up")
     stored = _arrow_sums(warehouse.table(table).read_arrow(keys=keys, columns=[grain, "bytes", "packets"]), grain)
     from_parts = {_utc_hour(datetime.combine(r[grain], datetime.min.time())): r for r in
@@ -691,17 +667,30 @@ def _rolled_up_row(warehouse: Warehouse, grain: str, start: datetime, end: datet
                    stored: tuple[int, int], source: dict | None, history, restated: str | None) -> dict:
     """The ledger row of a rolled-up day or month, with the figures its checks compare."""
     table_bytes, table_packets = stored
+    children = _children_summary(parts)
+    reporting = _sources_between(warehouse, max(start, min(r["period_start"] for r in parts)), end)
     return {
-        "grain": grain, "period_start": start, "bytes": table_bytes, "packets": table_packets,
-        **_children_summary(parts),
-        "sources_reporting": _sources_between(warehouse, max(start, min(r["period_start"] for r in parts)), end),
-        "closed_at_watermark": st.closed_at(history, end),
-        "dq_status": None, "restated": restated, "dq_note": None,
+        **_ledger_row(grain, start, stored, (children["late_bytes"], children["late_packets"]),
+                      (reporting, children["sources_expected"], children["panes_active"]),
+                      st.closed_at(history, end), restated),
         "table_bytes": table_bytes, "table_packets": table_packets,
         "source_bytes": int(source["bytes"]) if source else 0,
         "source_packets": int(source["packets"]) if source else 0,
         "parts_bytes": sum(r["bytes"] for r in parts),
     }
+
+
+def _ledger_row(grain: str, start: datetime, totals: tuple[int, int], late: tuple[int, int],
+                completeness: tuple[int, int, int], closed_at: datetime | None, restated: str | None) -> dict:
+    """A period's ledger row (DESIGN §6), its verdict still to be set from its checks (``_judge``).
+
+    ``totals`` are the (bytes, packets) of the period's final rows as stored, ``late`` its late
+    (bytes, packets) so far, ``completeness`` (sources reporting, sources expected, panes active).
+    """
+    return {"grain": grain, "period_start": start, "bytes": totals[0], "packets": totals[1],
+            "late_bytes": late[0], "late_packets": late[1], "sources_reporting": completeness[0],
+            "sources_expected": completeness[1], "panes_active": completeness[2],
+            "closed_at_watermark": closed_at, "dq_status": None, "restated": restated, "dq_note": None}
 
 
 def _judge(check, rows: list[dict]) -> list[str]:
@@ -724,12 +713,11 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
 
     months = sorted(months)
     begin, end = months[0], next_month(months[-1])
-    month_keys = [cluster_key(m, "month") for m in months]
-    ledger = st.read_ledger(warehouse, keys=month_keys)
+    ledger = st.read_ledger(warehouse, keys=months)
     days = {r["period_start"]: r for r in ledger if r["grain"] == "day"}
     hours = [r for r in ledger if r["grain"] == "hour"]
     check = _validation(warehouse, "months", [("month", m) for m in months], days.values())
-    daily = warehouse.table("daily").read(key_min=cluster_key(begin, "day"), key_max=cluster_key(end, "day")).persist()
+    daily = warehouse.table("daily").read(key_min=begin, key_max=end).persist()
     recheck = sorted(d for d in days if d not in rolled_now)
     failures: list[str] = []
     changed: list[dict] = []
@@ -737,7 +725,7 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
         periods = [("day", d) for d in recheck]
         rows_of = daily.where(F.col("day").isin([d.date() for d in recheck]))
         check.validate("daily", rows_of, periods, asset="daily.recheck")
-        sums = _arrow_sums(warehouse.table("daily").read_arrow(keys=[cluster_key(d, "day") for d in recheck],
+        sums = _arrow_sums(warehouse.table("daily").read_arrow(keys=recheck,
                                                                 columns=["day", "bytes", "packets"]), "day")
         view = [{**days[d], "table_bytes": sums.get(d, (0, 0))[0], "table_packets": sums.get(d, (0, 0))[1],
                  "parts_bytes": sum(h["bytes"] for h in hours if d <= h["period_start"] < period_end(d, "day"))}
@@ -778,7 +766,7 @@ def roll_up_month(warehouse: Warehouse, month: datetime, restated: str | None = 
 
 def _sources_between(warehouse: Warehouse, start: datetime, end: datetime) -> int:
     panes = warehouse.table("source_panes").read_arrow(
-        key_min=cluster_key(start, "hour"), key_max=cluster_key(end, "hour"), columns=["source"])
+        key_min=start, key_max=end, columns=["source"])
     return len(set(panes.column("source").to_pylist()))
 
 
@@ -839,24 +827,11 @@ def rewrite_restated_periods(warehouse: Warehouse, plan: dict, progress=print) -
     reason = plan["restate"]
     start, end = (datetime.fromisoformat(t) for t in plan["range"])
     hours = hours_between(start, end)
-    keys = [cluster_key(h, "hour") for h in hours]
-    hourly = warehouse.table("hourly").read_arrow(keys=keys, columns=["hour", "bytes", "packets"])
-    totals: dict[datetime, list[int]] = {}
-    for h, b, p in zip(hourly.column("hour").to_pylist(), hourly.column("bytes").to_pylist(),
-                       hourly.column("packets").to_pylist()):
-        entry = totals.setdefault(h.astimezone(UTC), [0, 0])
-        entry[0] += b
-        entry[1] += p
-    old = {r["period_start"]: r for r in st.read_ledger(warehouse, "hour")}
-    completeness = _completeness(warehouse, hours)
-    rows = []
-    for h in hours:
-        reporting, expected, active = completeness[h]
-        rows.append({**old[h], "bytes": totals.get(h, [0, 0])[0], "packets": totals.get(h, [0, 0])[1],
-                     "late_bytes": 0, "late_packets": 0, "sources_reporting": reporting,
-                     "sources_expected": expected, "panes_active": active, "dq_status": "passed",
-                     "restated": reason, "dq_note": None})
-    st.write_ledger_rows(warehouse, rows, op="restate")
+    # Frozen again from the new raw detail: recomputed, checked and given ledger rows as any frozen
+    # hour is, so a restatement that breaks a rule is failed, not published unchecked.
+    failed = freeze_hours(warehouse, hours, restated=reason)
+    for message in failed.values():
+        progress(f"restated hour failed its checks: {message}")
     days = {r["period_start"] for r in st.read_ledger(warehouse, "day")}
     redo_days = [day for day in days_between(start.replace(hour=0), end) if day in days]
     for day in redo_days:

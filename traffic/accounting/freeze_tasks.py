@@ -13,6 +13,7 @@ raw Σ bytes and rows and its count of differing rows. The driver commits the st
 from __future__ import annotations
 
 import heapq
+from datetime import datetime
 from dataclasses import dataclass
 from typing import Iterable, TypeVar
 
@@ -44,9 +45,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Hour:
-    """One hour to freeze: its cluster key, its raw files and its ``hourly`` files (absolute paths)."""
+    """One hour to freeze: its start, its raw files and its ``hourly`` files (absolute paths)."""
 
-    key: str
+    hour: datetime
     packets: tuple[str, ...]
     open_rows: tuple[str, ...]
 

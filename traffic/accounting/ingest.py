@@ -17,28 +17,24 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from traffic.accounting import batch_tasks as B
+from traffic.accounting import panes as P
+from traffic.accounting import parts
+from traffic.accounting.batch_tasks import CHANGED_SINCE_PLANNED, LATE, ON_TIME, OUTCOME_DDL, TICK, VANISHED, task_function
+from traffic.accounting.parts import file_part
+from traffic.core.clock import ClockState, advance
+from traffic.core.periods import from_micros, future_limit, history_floor, hour_floor, hours_between, micros, month_start
+from traffic.core.settings import Settings
 from traffic.io import inbox as inbox_mod
 from traffic.runtime import jvm
-from traffic.storage import state as st
-from traffic.core.clock import advance
-from traffic.core.periods import (from_micros, future_limit, history_floor, hour_floor, hours_between, micros,
-                                  month_start)
-from traffic.storage.delta import Warehouse, cluster_key, discard_staged, write_staged
-from traffic.core.settings import Settings
 from traffic.runtime.spark import task_slots
-from traffic.accounting.batch_tasks import CHANGED_SINCE_PLANNED, VANISHED
-from traffic.accounting.batch_tasks import OUTCOME_DDL, task_function
-from traffic.accounting import batch_tasks as B
-from traffic.accounting import parts
-from traffic.accounting.parts import file_part
-from traffic.storage.delta import Staged
-from traffic.accounting import panes as P
-from traffic.accounting.batch_tasks import ON_TIME, TICK
-from traffic.accounting.batch_tasks import LATE
+from traffic.storage import state as st
+from traffic.storage.delta import Staged, Warehouse, discard_staged, write_staged
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
 APP = "ingest"
+_RAW = ("packets", "late_packets", "rejects")
 
 
 @dataclass
@@ -214,7 +210,7 @@ def _keep_tasks_done(scratch: Path, outcomes: dict[int, dict], unread: dict[str,
 def _tasks_done(warehouse: Warehouse, batch_id: int) -> dict | None:
     """The first run's task outcome of a batch that has committed something, or None (run the tasks)."""
 
-    scratch = warehouse.state_dir() / "scratch" / f"batch-{batch_id}"
+    scratch = warehouse.scratch(f"batch-{batch_id}", fresh=False)
     try:
         doc = json.loads((scratch / _DONE).read_text())
     except (OSError, ValueError):
@@ -226,32 +222,72 @@ def _tasks_done(warehouse: Warehouse, batch_id: int) -> dict | None:
 def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     """Execute a planned batch with Spark; every write is skipped if this batch already made it.
 
-    Spark runs the parse tasks (``traffic.accounting.batch_tasks``), which write raw detail straight to
-    staged parquet; the driver sums the tasks' small partial totals with Arrow and commits.
+    Four steps: read (Spark runs the parse tasks, ``traffic.accounting.batch_tasks``, which write raw
+    detail straight to staged parquet), tally (the driver sums the tasks' small partial totals with
+    Arrow and moves the clocks), write (raw detail, then the open hours and panes, or a restated
+    range's final ones) and commit (clocks, then the ``batches`` row, last).
     """
-    import pyarrow.compute as pc
-
-
-    spark = warehouse.spark
-    settings = warehouse.settings
     timings: dict[str, float] = {}
     clock = time.perf_counter()
-    batch_id = plan["batch_id"]
-    txn = (APP, batch_id)
-    before = st.state_from_json(plan["state_before"])
-    now = datetime.fromisoformat(plan["now"])
+    read = _read(warehouse, plan, progress)
+    timings["read_parse"] = time.perf_counter() - clock
+    tally = _tally(warehouse.settings, plan, read.summary)
+    clock = time.perf_counter()
+    _write_raw(warehouse, plan, read, tally)
+    timings["write_raw"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    _write_hours(warehouse, plan, read, tally)
+    timings["write_hours"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    result = _commit(warehouse, plan, read, tally)
+    timings["commit_state"] = time.perf_counter() - clock
+    warehouse.drop_scratch(read.scratch)
+    result.seconds = timings
+    return result
+
+
+@dataclass
+class _Read:
+    """What a batch's parse tasks left: their parts and staged raw files, and the files as they were read."""
+
+    scratch: Path
+    attempts: dict[int, int]  # chunk → the attempt whose parts count
+    staged: dict[str, Staged | None]  # raw table → staged files (None: already committed)
+    files: list[dict]  # the plan's files, with what reading them found
+    changed_rejects: pa.Table  # one reject per planned file not read
+    summary: list[dict]  # per (fate, source, pane): records, bytes, newest time
+
+
+@dataclass
+class _Tally:
+    """A batch's counts by fate, and the clocks after it."""
+
+    counts: dict[str, int]
+    volume: dict[str, int]
+    on_time_hours: list[datetime]
+    before: ClockState
+    after: ClockState
+
+
+def _restated_hours(plan: dict) -> list[datetime]:
+    """The hours a restatement replaces (none for an ordinary batch)."""
+    if not plan.get("restate"):
+        return []
+    start, end = (datetime.fromisoformat(t) for t in plan["range"])
+    return hours_between(hour_floor(start), end)
+
+
+def _read(warehouse: Warehouse, plan: dict, progress) -> _Read:
+    """Run the batch's parse tasks, or, resumed after its first commit, take the first run's outcome."""
+    settings, batch_id = warehouse.settings, plan["batch_id"]
     files = plan["files"]
     chunk_rows = _chunks(plan, cutting(settings))
     progress(f"batch {batch_id}: {len(chunk_rows)} parse task(s) over "
              f"{sum(1 for f in files if f['status'] in inbox_mod.TO_READ)} file(s)")
-    time_range = tuple(datetime.fromisoformat(t) for t in plan["range"]) if plan.get("range") else None
-    restate = plan.get("restate")
-    range_keys = _hour_keys(*time_range) if restate else []
-
     if not settings.local_networks and any(row["format"] == "capture" for row in chunk_rows):
         progress("warning: local_networks is empty, so every captured packet is neither-local and rejected "
                  "(set TRAFFIC_LOCAL_NETWORKS, e.g. 10.0.0.0/8,2001:db8::/32)")
-    raw = {name: warehouse.table(name) for name in ("packets", "late_packets", "rejects")}
+    raw = {name: warehouse.table(name) for name in _RAW}
     committed = {name: (table.txn_version(APP) or -1) >= batch_id for name, table in raw.items()}
     done = _tasks_done(warehouse, batch_id) if any(committed.values()) else None
     if done is not None:
@@ -263,16 +299,18 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
         # A table this batch already committed to (a journal from before outcomes were kept) gets no staged files.
         staged = {name: None if committed[name] else table.staging() for name, table in raw.items()}
         scratch = warehouse.scratch(f"batch-{batch_id}")
+        time_range = tuple(datetime.fromisoformat(t) for t in plan["range"]) if plan.get("range") else None
         # The future bound uses the machine clock recorded in the plan; the history bound uses the
         # newest record of the batch that passed the future bound. A restatement replaces a frozen
         # range from the archive: its records are the range's new truth, never late.
-        rules = B.Rules(batch_id=batch_id, watermark_before=None if restate else before.watermark,
-                        future_limit=future_limit(now, settings.max_future_skew), history_floor=None,
-                        time_range=time_range,
+        before = st.state_from_json(plan["state_before"])
+        rules = B.Rules(batch_id=batch_id, watermark_before=None if plan.get("restate") else before.watermark,
+                        future_limit=future_limit(datetime.fromisoformat(plan["now"]), settings.max_future_skew),
+                        history_floor=None, time_range=time_range,
                         packets=staged["packets"], late_packets=staged["late_packets"], scratch=str(scratch),
                         settings_doc={"local_networks": list(settings.local_networks),
                                       "keep_transit": settings.keep_transit})
-        outcomes, unread = _parse(spark, chunk_rows, rules, staged, settings.max_history, progress)
+        outcomes, unread = _parse(warehouse.spark, chunk_rows, rules, staged, settings.max_history, progress)
         _keep_tasks_done(scratch, outcomes, unread, staged)
     attempts = {chunk: o["attempt"] for chunk, o in outcomes.items()}
     files = [{**f, "status": _UNREAD_STATUS[unread[f["path"]].split(":")[0]], "note": _unread_note(f, unread[f["path"]])}
@@ -290,9 +328,12 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
         "bytes": pa.array([0] * len(changed), pa.int64()), "max_ts": changed_rejects.column("ts")},
         schema=parts.SUMMARY)
     summary = st.rows(parts.combine_summary(pa.concat_tables([parts.read_parts(str(scratch), "summary", attempts),
-                                                          changed_summary])))
-    timings["read_parse"] = time.perf_counter() - clock
+                                                              changed_summary])))
+    return _Read(scratch, attempts, staged, files, changed_rejects, summary)
 
+
+def _tally(settings: Settings, plan: dict, summary: list[dict]) -> _Tally:
+    """Counts and bytes by fate, and the clocks the batch's records and ticks move (DESIGN §2)."""
     counts = {fate: sum(r["records"] for r in summary if r["fate"] == fate)
               for fate in (B.ON_TIME, B.LATE, B.TICK, B.LATE_TICK, B.REJECT, B.OUTSIDE)}
     volume = {fate: sum(r["bytes"] for r in summary if r["fate"] == fate) for fate in (B.ON_TIME, B.LATE)}
@@ -301,55 +342,71 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
         if r["fate"] not in (B.REJECT, B.OUTSIDE) and r["max_ts"] is not None:
             batch_clocks[r["source"]] = max(r["max_ts"], batch_clocks.get(r["source"], r["max_ts"]))
     on_time_hours = sorted({hour_floor(r["pane"]) for r in summary if r["fate"] == B.ON_TIME})
-    after = advance(before, batch_clocks, batch_id, settings.allowed_lateness, settings.source_timeout,
+    before = st.state_from_json(plan["state_before"])
+    after = advance(before, batch_clocks, plan["batch_id"], settings.allowed_lateness, settings.source_timeout,
                     on_time_hours[0] if on_time_hours else None)
-    reject_hour = hour_floor(after.watermark) if after.watermark else None
+    return _Tally(counts, volume, on_time_hours, before, after)
 
-    clock = time.perf_counter()
-    if restate:
-        raw["packets"].replace(staged["packets"], keys=range_keys, txn=txn, op="restate")
-        raw["late_packets"].delete_keys(range_keys, txn=txn, op="restate")
-    elif counts[B.ON_TIME]:
-        raw["packets"].append(staged["packets"], txn=txn, op="ingest")
-    if counts[B.LATE]:
-        raw["late_packets"].append(staged["late_packets"], txn=txn, op="ingest")
-    if counts[B.REJECT] and staged["rejects"] is not None:
+
+def _write_raw(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -> None:
+    """Commit the staged raw detail: packets (or a restated range's), late packets, rejects."""
+    txn, restated = (APP, plan["batch_id"]), _restated_hours(plan)
+    packets, late, rejects = (warehouse.table(name) for name in _RAW)
+    if restated:
+        packets.replace(read.staged["packets"], keys=restated, txn=txn, op="restate")
+        late.delete_keys(restated, txn=txn, op="restate")
+    elif tally.counts[B.ON_TIME]:
+        packets.append(read.staged["packets"], txn=txn, op="ingest")
+    if tally.counts[B.LATE]:
+        late.append(read.staged["late_packets"], txn=txn, op="ingest")
+    if tally.counts[B.REJECT] and read.staged["rejects"] is not None:
         # Rejects are filed under the hour the watermark reached, known only now: written here, a chunk at a time.
-        for chunk, attempt in [*sorted(attempts.items()), (None, None)]:
-            rows = parts.read_parts(str(scratch), "rejects", {chunk: attempt}) if chunk is not None else changed_rejects
-            rows = rows.append_column("batch_id", pa.repeat(pa.scalar(batch_id, pa.int64()), rows.num_rows)) \
+        reject_hour = hour_floor(tally.after.watermark) if tally.after.watermark else None
+        for chunk, attempt in [*sorted(read.attempts.items()), (None, None)]:
+            rows = (parts.read_parts(str(read.scratch), "rejects", {chunk: attempt}) if chunk is not None
+                    else read.changed_rejects)
+            rows = rows.append_column("batch_id", pa.repeat(pa.scalar(plan["batch_id"], pa.int64()), rows.num_rows)) \
                        .append_column("hour", pa.repeat(pa.scalar(reject_hour, parts.REJECT_ROWS.field("ts").type),
                                                         rows.num_rows))
-            write_staged(rows, staged["rejects"], parts.file_part(chunk, attempt) if chunk is not None else "part-changed")
-        raw["rejects"].append(staged["rejects"], txn=txn, op="ingest")
-    timings["write_raw"] = time.perf_counter() - clock
+            write_staged(rows, read.staged["rejects"],
+                         parts.file_part(chunk, attempt) if chunk is not None else "part-changed")
+        rejects.append(read.staged["rejects"], txn=txn, op="ingest")
 
-    clock = time.perf_counter()
-    mapping = P.Mapping.of(settings.accounts_file)
-    hourly_parts = parts.read_parts(str(scratch), "hourly", attempts)
-    pane_parts = parts.read_parts(str(scratch), "panes", attempts)
-    if restate:
-        warehouse.table("hourly").replace(parts.sum_hourly(hourly_parts, "final"), keys=range_keys, txn=txn, op="restate")
-        warehouse.table("panes").replace(P.pane_rows(pane_parts, mapping, "final"), keys=range_keys, txn=txn,
-                                         op="restate")
-    elif on_time_hours:
-        keys = [cluster_key(h, "hour") for h in on_time_hours]
+
+def _write_hours(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -> None:
+    """Add the batch's totals to its hours' open rows and panes (a restatement replaces its range's
+    final ones), then to the sources' panes and the late counters of closed periods."""
+    import pyarrow.compute as pc
+
+    txn, restated = (APP, plan["batch_id"]), _restated_hours(plan)
+    mapping = P.Mapping.of(warehouse.settings.accounts_file)
+    hourly_parts = parts.read_parts(str(read.scratch), "hourly", read.attempts)
+    pane_parts = parts.read_parts(str(read.scratch), "panes", read.attempts)
+    hourly, panes = warehouse.table("hourly"), warehouse.table("panes")
+    if restated:
+        hourly.replace(parts.sum_hourly(hourly_parts, "final"), keys=restated, txn=txn, op="restate")
+        panes.replace(P.pane_rows(pane_parts, mapping, "final"), keys=restated, txn=txn, op="restate")
+    elif tally.on_time_hours:
+        hours = tally.on_time_hours
         is_open = pc.field("status") == "open"
-        hourly = warehouse.table("hourly")
-        existing = hourly.read_arrow(keys=keys, filter=is_open).select(parts.HOURLY_PARTS.names)
+        existing = hourly.read_arrow(keys=hours, filter=is_open).select(parts.HOURLY_PARTS.names)
         hourly.replace(parts.sum_hourly(pa.concat_tables([hourly_parts, existing.cast(parts.HOURLY_PARTS)]), "open"),
-                       keys=keys, txn=txn, op="ingest")
+                       keys=hours, txn=txn, op="ingest")
         # The panes of the same hours, kept the same way (their freeze recomputes them from raw detail).
-        panes = warehouse.table("panes")
-        panes.replace(P.pane_rows(pane_parts, mapping, "open", existing=panes.read_arrow(keys=keys, filter=is_open)),
-                      keys=keys, txn=txn, op="ingest")
-    _write_panes(warehouse, summary, txn, replace_keys=range_keys)
-    _grow_late_counters(warehouse, summary, txn)
-    timings["write_hours"] = time.perf_counter() - clock
-    clock = time.perf_counter()
-    warehouse.table("clocks").overwrite(st.clock_table(after), txn=txn, op="ingest")
+        panes.replace(P.pane_rows(pane_parts, mapping, "open", existing=panes.read_arrow(keys=hours, filter=is_open)),
+                      keys=hours, txn=txn, op="ingest")
+    _write_panes(warehouse, read.summary, txn, replace_hours=restated)
+    _grow_late_counters(warehouse, read.summary, txn)
+
+
+def _commit(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -> BatchResult:
+    """Write the clocks, then the ``batches`` row: the batch is done once that row exists."""
+    txn, counts, volume = (APP, plan["batch_id"]), tally.counts, tally.volume
+    warehouse.table("clocks").overwrite(st.clock_table(tally.after), txn=txn, op="ingest")
+    files = read.files
+    time_range = tuple(datetime.fromisoformat(t) for t in plan["range"]) if plan.get("range") else None
     result = BatchResult(
-        batch_id=batch_id,
+        batch_id=plan["batch_id"],
         files=sum(1 for f in files if f["status"] != inbox_mod.DUPLICATE),
         duplicate_files=sum(1 for f in files if f["status"] == inbox_mod.DUPLICATE),
         records_read=sum(counts.values()) - counts[B.OUTSIDE],
@@ -360,15 +417,15 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
         ticks=counts[B.TICK] + counts[B.LATE_TICK],
         bytes_on_time=volume[B.ON_TIME],
         bytes_late=volume[B.LATE],
-        watermark_before=before.watermark,
-        watermark_after=after.watermark,
+        watermark_before=tally.before.watermark,
+        watermark_after=tally.after.watermark,
     )
     batch_row = {
-        "batch_id": batch_id,
+        "batch_id": plan["batch_id"],
         "mode": plan.get("mode", "ingest"),
         "records_skipped": counts[B.OUTSIDE],
         "bytes_withdrawn": plan.get("bytes_withdrawn", 0),
-        "note": restate,
+        "note": plan.get("restate"),
         "started_at": datetime.fromisoformat(plan["started_at"]),
         "committed_at": datetime.now(UTC),
         "files": [{"name": f["name"], "source": f["source"], "sha256": f["sha256"], "size": f["size"],
@@ -381,20 +438,13 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     }
     batches = warehouse.table("batches")
     batches.append(pa.Table.from_pylist([batch_row], schema=batches.arrow_schema), txn=txn, op="ingest")
-    timings["commit_state"] = time.perf_counter() - clock
-    warehouse.drop_scratch(scratch)
-    result.seconds = timings
     return result
 
 
-def _hour_keys(start: datetime, end: datetime) -> list[str]:
-    return [cluster_key(hour, "hour") for hour in hours_between(hour_floor(start), end)]
-
-
-def _write_panes(warehouse: Warehouse, summary: list[dict], txn, replace_keys: list[str] = ()) -> None:
+def _write_panes(warehouse: Warehouse, summary: list[dict], txn, replace_hours: list[datetime] = ()) -> None:
     """Add on-time packets and ticks to ``source_panes`` (per source and 5-minute pane).
 
-    With ``replace_keys`` (a restatement) the panes of those hours are replaced, not added to.
+    With ``replace_hours`` (a restatement) the panes of those hours are replaced, not added to.
     """
 
     fresh: dict[tuple[str, datetime], dict] = {}
@@ -408,12 +458,13 @@ def _write_panes(warehouse: Warehouse, summary: list[dict], txn, replace_keys: l
             row["bytes"] += r["bytes"]
         else:
             row["ticks"] += r["records"]
-    if not fresh and not replace_keys:
+    if not fresh and not replace_hours:
         return
     table = warehouse.table("source_panes")
-    keys = sorted({cluster_key(pane, "hour") for _, pane in fresh} | set(replace_keys))
-    merged = {(r["source"], r["pane_start"]): r for r in st.rows(table.read_arrow(keys=keys))
-              if cluster_key(r["pane_start"], "hour") not in set(replace_keys)}
+    replaced = set(replace_hours)
+    hours = sorted({hour_floor(pane) for _, pane in fresh} | replaced)
+    merged = {(r["source"], r["pane_start"]): r for r in st.rows(table.read_arrow(keys=hours))
+              if hour_floor(r["pane_start"]) not in replaced}
     for key, row in fresh.items():
         old = merged.get(key)
         if old:
@@ -421,7 +472,7 @@ def _write_panes(warehouse: Warehouse, summary: list[dict], txn, replace_keys: l
         merged[key] = row
     data = pa.Table.from_pylist(sorted(merged.values(), key=lambda r: (r["pane_start"], r["source"])),
                                 schema=table.arrow_schema)
-    table.replace(data, keys=keys, txn=txn, op="ingest")
+    table.replace(data, keys=hours, txn=txn, op="ingest")
 
 
 def _grow_late_counters(warehouse: Warehouse, summary: list[dict], txn) -> None:
@@ -435,7 +486,7 @@ def _grow_late_counters(warehouse: Warehouse, summary: list[dict], txn) -> None:
             totals[1] += r["records"]
     if not late_by_hour:
         return
-    months = sorted({cluster_key(month_start(h), "month") for h in late_by_hour})
+    months = sorted({month_start(h) for h in late_by_hour})
     ledger = {(r["grain"], r["period_start"]): r for r in st.read_ledger(warehouse, keys=months)}
     changed = {}
     for hour, (late_bytes, late_packets) in late_by_hour.items():

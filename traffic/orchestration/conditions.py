@@ -14,7 +14,7 @@ from traffic.storage import state as st
 from traffic.core.periods import PUBLISHED, closed_hours, days_due, months_due, starts
 from traffic.storage.delta import Warehouse
 from traffic.core.settings import Settings
-from traffic.storage.journal import Journal
+from traffic.storage.journal import pending_batch
 
 UTC = timezone.utc
 
@@ -71,7 +71,7 @@ def day_waiting(settings: Settings, interval_end: datetime) -> bool:
 def inbox_has_new_files(settings: Settings) -> bool:
     """True when the inbox holds a file no batch has handled (or a batch is waiting to be finished)."""
     warehouse = warehouse_if_any(settings)
-    if warehouse is not None and Journal(warehouse.root / "_traffic").load() is not None:
+    if warehouse is not None and pending_batch(warehouse.root) is not None:
         return True
     found = inbox_mod.scan(settings.inbox, settings.min_file_age.total_seconds())
     if warehouse is None:

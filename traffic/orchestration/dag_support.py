@@ -170,7 +170,7 @@ def expire_raw_detail(interval_end: Any) -> dict:
     an interrupted batch to finish first — the same step runs as a Spark job instead
     (``spark-submit jobs/close.py``, like the other close steps), never inside the worker.
     """
-    from traffic.storage.journal import Journal  # deferred: DAG files import this module at parse time
+    from traffic.storage.journal import pending_batch  # deferred: DAG files import this module at parse time
     from traffic.app.console import print_close  # deferred: DAG parsing stays light
     from traffic.app.runs import close  # deferred: DAG parsing stays light
     from traffic.storage.delta import Warehouse, choose_engine  # deferred: DAG parsing stays light
@@ -178,7 +178,7 @@ def expire_raw_detail(interval_end: Any) -> dict:
     settings = settings_from_env()
     end = as_utc(interval_end)
     pending = Warehouse(settings, engine="rs").exists() and \
-        Journal(Path(settings.warehouse) / "_traffic").load() is not None
+        pending_batch(settings.warehouse) is not None
     if choose_engine(settings) == "rs" and not pending:
         result = close(settings, lambda: None, end, lambda message: log.info("%s", message), only=("expire",))
         print_close(result)

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from traffic.core import records
 from traffic.core.periods import month_start
-from traffic.storage.delta import Warehouse, cluster_key
+from traffic.storage.delta import Warehouse
 from traffic.storage.journal import warehouse_lock
 from traffic.storage import state as st
 
@@ -418,7 +418,7 @@ class Validation:
         if not self.outcomes:
             return
         table = self.warehouse.table("dq_results")
-        keys = sorted({cluster_key(month_start(o.period_start), "month") for o in self.outcomes})
+        keys = sorted({month_start(o.period_start) for o in self.outcomes})
         existing = table.read_arrow(keys=keys)
         import pyarrow.compute as pc
 
@@ -672,7 +672,7 @@ def accept(settings, period: str, reason: str, by: str, now: datetime | None = N
     if not warehouse.exists():
         raise AcceptError(f"no warehouse at {settings.warehouse}")
     with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic accept"):
-        rows = st.read_ledger(warehouse, grain, keys=[cluster_key(month_start(start), "month")])
+        rows = st.read_ledger(warehouse, grain, keys=[month_start(start)])
         row = next((r for r in rows if r["period_start"] == start), None)
         label = f"{grain} {period_label(grain, start)}"
         if row is None:

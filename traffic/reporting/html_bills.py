@@ -33,7 +33,7 @@ from traffic.accounting.bills import (
 )
 from traffic.core.billing import PANE_SECONDS, BillingPeriod, billed_series, rate_bps
 from traffic.core.periods import hour_floor, next_month
-from traffic.storage.delta import Warehouse, cluster_key
+from traffic.storage.delta import Warehouse
 from traffic.reporting.html import CSS, human_bytes, number_cell as _num
 from traffic.reporting.html import escape as _e
 
@@ -102,8 +102,8 @@ def bill_periods(warehouse: Warehouse, cache: "DerivedCache | None" = None) -> l
     cycle = billing_cycle(warehouse.settings)
     billed_until = max((end for _, end in stored), default=None)
     resume = cycle.period_containing(billed_until).start_utc if billed_until else None
-    key_min = cluster_key(hour_floor(resume), "hour") if resume else None
-    rows = cached_final_panes(warehouse, cache, key_min) if cache else read_final_panes(warehouse, key_min)
+    first_hour = hour_floor(resume) if resume else None
+    rows = cached_final_panes(warehouse, cache, first_hour) if cache else read_final_panes(warehouse, first_hour)
     starts = rows.column("pane_start")
     if billed_until:
         starts = starts.filter(pc.greater_equal(starts, pa.scalar(hour_floor(billed_until), starts.type)))
@@ -125,21 +125,18 @@ def bill_periods(warehouse: Warehouse, cache: "DerivedCache | None" = None) -> l
     return pages
 
 
-def cached_final_panes(warehouse: Warehouse, cache: "DerivedCache", key_min: str | None) -> pa.Table:
-    """``read_final_panes(warehouse, key_min)``, a day at a time: each day's rows are kept in ``cache``,
+def cached_final_panes(warehouse: Warehouse, cache: "DerivedCache", start: datetime | None) -> pa.Table:
+    """``read_final_panes(warehouse, start)``, a day at a time: each day's rows are kept in ``cache``,
     keyed by the data files of its hours, so a report reads only the days whose files changed (today's)."""
-    files = warehouse.table("panes").files(key_min=key_min)
-    if any(f.key is None for f in files):
-        return read_final_panes(warehouse, key_min)
-    days: dict[str, list[str]] = defaultdict(list)
-    for f in files:
-        days[f.key[:10]].append(f.path)
+    days = warehouse.table("panes").files_by_span(start)
+    if days is None:
+        return read_final_panes(warehouse, start)
     parts = []
-    for day, paths in sorted(days.items()):
-        lo = max(key_min or "", f"{day}T00")
-        parts.append(cache.table(f"panes-{day}.arrow", [CACHE_FORMAT, lo, sorted(paths)],
-                                 lambda lo=lo, day=day: read_final_panes(warehouse, lo, f"{day}T24")))
-    return pa.concat_tables(parts) if parts else read_final_panes(warehouse, key_min)
+    for day, paths in days.items():
+        lo = max(start, day) if start else day
+        parts.append(cache.table(f"panes-{day:%Y-%m-%d}.arrow", [CACHE_FORMAT, lo.isoformat(), sorted(paths)],
+                                 lambda lo=lo, day=day: read_final_panes(warehouse, lo, day + timedelta(days=1))))
+    return pa.concat_tables(parts) if parts else read_final_panes(warehouse, start)
 
 
 def rate_series(panes: pa.Table, period: BillingPeriod, unknown_direction: str) -> dict[str | None, dict]:

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from traffic.storage import state as st
 from traffic.core.periods import next_month
-from traffic.storage.delta import StorageError, Warehouse, cluster_key
+from traffic.storage.delta import StorageError, Warehouse
 from traffic.quality.suites import docs_pages, period_label, reports_dir
 from traffic.reporting.html import CSS, human_bytes, number_cell as _num
 from traffic.reporting.html import escape as _e
@@ -70,11 +70,11 @@ def _gather(warehouse: Warehouse) -> dict:
     # not read or turn into Python rows all of history (after 30 days that alone took ~2 s).
     last_month = pc.max(monthly.column("month")).as_py() if monthly.num_rows else None
     daily = warehouse.table("daily").read_arrow(
-        key_min=cluster_key(next_month(_as_utc(last_month)), "day") if last_month else None, columns=["day", *pairs])
+        key_min=next_month(_as_utc(last_month)) if last_month else None, columns=["day", *pairs])
     # Open rows exist only after the frozen hours (hours freeze in order).
     frontier = st.frozen_frontier(ledger)
     open_rows = warehouse.table("hourly").read_arrow(
-        key_min=cluster_key(frontier, "hour") if frontier else None, columns=["hour", "bytes", "packets"],
+        key_min=frontier, columns=["hour", "bytes", "packets"],
         filter=pc.field("status") == "open")
     rejects = st.rows(warehouse.table("rejects").read_arrow(columns=["hour", "source", "reason"]))
     late = st.rows(warehouse.table("late_packets").read_arrow(columns=["hour", "bytes"]))

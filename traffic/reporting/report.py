@@ -11,7 +11,7 @@ from traffic.storage import state as st
 from traffic.core.clock import FIRST_HOUR_GAP, ClockState, first_hour_gap
 from traffic.core.periods import hours_between
 from traffic.storage.delta import StorageError, Warehouse
-from traffic.storage.journal import Journal
+from traffic.storage.journal import pending_batch
 from traffic.storage.schemas import TABLES
 from traffic.core.settings import Settings, parse_time
 from traffic.core.text import printable
@@ -38,7 +38,7 @@ def status(settings: Settings) -> dict:
             if starts else None
     open_hours = warehouse.table("hourly").read_arrow(columns=["hour", "status"],
                                                       filter=pc.field("status") == "open")
-    pending = Journal(warehouse.root / "_traffic").load() if (warehouse.root / "_traffic").exists() else None
+    pending = pending_batch(warehouse.root)
     open_starts = {h.astimezone(UTC) for h in open_hours.column("hour").to_pylist()}
     return {
         "watermark": state.watermark,

@@ -26,7 +26,7 @@ import pyarrow.dataset as pads
 
 from traffic.core.accounts import NO_ACCOUNTS, load_accounts
 from traffic.core.periods import day_start, hour_ceil, hour_floor, hours_between, is_closed, period_end, retention_floor
-from traffic.storage.delta import Warehouse, cluster_key
+from traffic.storage.delta import Warehouse
 from traffic.storage.state import read_clock_state
 
 #: What ``--by`` groups on.
@@ -92,7 +92,7 @@ def _raw_part(warehouse: Warehouse, hour: datetime, lo: datetime, hi: datetime, 
     stamp = pa.timestamp("us", tz="UTC")
     address = "local_ip" if key == "account" else key
     packets = warehouse.table("packets").read_arrow(
-        keys=[cluster_key(hour, "hour")], columns=["ts", address, "bytes", "direction"],
+        keys=[hour], columns=["ts", address, "bytes", "direction"],
         filter=(ts >= pa.scalar(lo, stamp)) & (ts < pa.scalar(hi, stamp))).combine_chunks()
     keys = packets.column(address)
     if key == "account":
@@ -103,7 +103,7 @@ def _raw_part(warehouse: Warehouse, hour: datetime, lo: datetime, hi: datetime, 
 
 def _hourly_part(warehouse: Warehouse, hours: list[datetime], key: str) -> pa.Table:
     """Totals per key of whole hours: their ``hourly`` rows, or their panes per account."""
-    keys = [cluster_key(hour, "hour") for hour in hours]
+    keys = hours
     if key == "account":
         panes = warehouse.table("panes").read_arrow(keys=keys, columns=["account", "direction", "bytes", "packets"])
         return _sum_by(_by_direction(panes.column("account"), key, panes.column("bytes"), panes.column("packets"),

@@ -8,11 +8,11 @@ import os
 import sys
 import time
 import warnings
-from pathlib import Path
 
 from traffic.runtime import jvm
 from traffic.runtime.connect import CONNECT_SESSION_CONF, client_url, recorded_server
 from traffic.storage.delta import choose_engine
+from traffic.storage.journal import state_folder
 from traffic.core.settings import Settings
 
 
@@ -30,7 +30,7 @@ def resolve_master(settings: Settings) -> str:
     if settings.spark_master != "auto":
         return settings.spark_master
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        record = recorded_server(Path(settings.warehouse) / "_traffic")
+        record = recorded_server(state_folder(settings.warehouse))
         if record:
             return client_url(record)
     return LOCAL_MASTER

@@ -45,6 +45,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from traffic.storage import schemas
+from traffic.storage.journal import state_folder
 from traffic.core.periods import from_micros
 from traffic.core.settings import Settings
 
@@ -266,7 +267,7 @@ class Warehouse:
 
     def state_dir(self) -> Path:
         """Where the pipeline keeps its journal and lock (not a table)."""
-        path = self.root / "_traffic"
+        path = state_folder(self.root)
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -276,11 +277,13 @@ class Warehouse:
     def exists(self) -> bool:
         return (self.root / "clocks" / "_delta_log").is_dir()
 
-    def scratch(self, name: str) -> Path:
-        """An empty folder for one job's intermediate files (what is left of an earlier attempt is removed)."""
+    def scratch(self, name: str, fresh: bool = True) -> Path:
+        """The folder for one job's intermediate files: emptied (what is left of an earlier attempt is
+        removed) unless ``fresh`` is false, which finds an earlier attempt's (the folder may not exist)."""
         path = self.state_dir() / "scratch" / name
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True)
+        if fresh:
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
         return path
 
     def drop_scratch(self, path: Path) -> None:
@@ -303,8 +306,57 @@ class Table(abc.ABC):
         self.arrow_schema = schemas.arrow_schema(name)
 
     # -- keys ---------------------------------------------------------------------------
+    # Callers name periods (a datetime or date); the table turns them into its own file keys, so no
+    # caller knows how files are keyed. A key the table itself listed (``keys()``) passes as it is.
     def key_of(self, value) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
         return cluster_key(value, self.cluster.grain) if self.cluster else None
+
+    def _key_list(self, periods) -> list[str | None] | None:
+        return None if periods is None else [self.key_of(p) for p in periods]
+
+    def files_by_span(self, start=None) -> dict | None:
+        """The data files from ``start`` on, grouped by the span that holds them (the day of an hour,
+        the month of a day; DESIGN §8's merged files), as {span start: [relative path, ...]}.
+        None when a file has no key (its rows could belong to any span)."""
+        spans: dict = {}
+        width = _KEY_LENGTH[_SPAN_GRAIN[self.cluster.grain]]
+        for f in self.files(key_min=start):
+            if f.key is None:
+                return None
+            spans.setdefault(f.key[:width], []).append(f.path)
+        parse = {10: "%Y-%m-%d", 7: "%Y-%m"}[width]
+        return {datetime.strptime(k, parse).replace(tzinfo=timezone.utc): paths for k, paths in sorted(spans.items())}
+
+    def keys_before(self, period) -> list[str]:
+        """The cluster keys present of periods before ``period`` (what expiring up to it removes)."""
+        if period is None:
+            raise StorageError(f"no bound given for expiring {self.name}")
+        bound = self.key_of(period)
+        return [k for k in self.keys() if k < bound]
+
+    def periods_with_files(self, periods) -> list:
+        """Those of ``periods`` this table holds files of. A merged file (a span) may hold any of the
+        periods it covers, so when one is found every period asked for is returned."""
+        periods = list(periods)
+        wanted = {self.key_of(p): p for p in periods}
+        found = set()
+        for f in self.files(keys=periods):
+            if f.key not in wanted:
+                return periods
+            found.add(f.key)
+        return [p for k, p in wanted.items() if k in found]
+
+    def paths_by_period(self, periods) -> dict:
+        """Each period's data files, as (absolute path, size) pairs in commit order; files of a merged
+        span, keyed by the span, are not listed (freezing reads hours not merged yet)."""
+        wanted = {self.key_of(p): p for p in periods}
+        paths: dict = {}
+        for f in self.files(keys=list(wanted.values())):
+            if f.key in wanted:
+                paths.setdefault(wanted[f.key], []).append((str(self.path / f.path), f.size))
+        return paths
 
     def staging(self) -> Staged:
         """A fresh folder for files to be committed later (``append``/``replace`` the returned handle)."""
@@ -318,6 +370,7 @@ class Table(abc.ABC):
         """A Spark SQL condition on the rows' own cluster keys."""
         if not self.cluster:
             return None
+        keys, key_min, key_max = self._key_list(keys), self.key_of(key_min), self.key_of(key_max)
         fmt = _SPARK_KEY_FORMATS[self.cluster.grain]
         expr = f"date_format(`{self.cluster.column}`, \"{fmt}\")"
         parts = []
@@ -333,8 +386,8 @@ class Table(abc.ABC):
             parts.append(f"{expr} < '{key_max}'")
         return " AND ".join(parts) if parts else None
 
-    def _check_keys(self, keys: Iterable[str | None]) -> list[str | None]:
-        keys = list(keys)
+    def _check_keys(self, keys: Iterable) -> list[str | None]:
+        keys = self._key_list(keys)
         if keys and not self.cluster:
             raise StorageError(f"table {self.name} has no cluster key to replace or delete by")
         return keys
@@ -414,6 +467,7 @@ class RsTable(Table):
         A merged file (a span: a whole day or month, see ``merge``) is listed when it holds any of the
         keys asked for; its other rows are filtered out by the reads.
         """
+        keys, key_min, key_max = self._key_list(keys), self.key_of(key_min), self.key_of(key_max)
         index = self._file_index(dt or self._delta())
         if keys is not None:
             wanted = set(keys)
@@ -496,7 +550,7 @@ class RsTable(Table):
     # -- reads --------------------------------------------------------------------------
     def read_arrow(self, keys=None, key_min=None, key_max=None, columns=None, filter=None) -> pa.Table:
         """Read without Spark (driver-side, for small tables and checks)."""
-        keys = list(keys) if keys is not None else None
+        keys, key_min, key_max = self._key_list(keys), self.key_of(key_min), self.key_of(key_max)
         files = self.files(keys, key_min, key_max)
         if not files:
             table = self.arrow_schema.empty_table()
@@ -515,7 +569,7 @@ class RsTable(Table):
         spark = self.warehouse.spark
         if spark is None:
             raise StorageError("reading with Spark needs a SparkSession")
-        keys = list(keys) if keys is not None else None
+        keys, key_min, key_max = self._key_list(keys), self.key_of(key_min), self.key_of(key_max)
         files = self.files(keys, key_min, key_max)
         schema = schemas.spark_schema(self.name)
         if not files:
@@ -558,7 +612,7 @@ class RsTable(Table):
         predicate = _arrow_predicate(conditions)
         folder = self.path / f"d{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
         removes, deleted, now_ms = [], 0, _now_ms()
-        keys = list(keys) if keys is not None else None
+        keys = self._key_list(keys)
         for f in self.files(keys=keys, dt=dt):
             rows = pq.read_table(self.path / f.path, schema=self.arrow_schema)
             if keys is not None and self._is_span(f.key):

@@ -10,6 +10,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+#: The warehouse's folder for its run state (journal, lock, scratch, staging, the Spark Connect record).
+STATE_FOLDER = "_traffic"
+
+
+def state_folder(warehouse_root: Path | str) -> Path:
+    """Where a warehouse keeps its run state (not a table); it may not exist yet."""
+    return Path(warehouse_root) / STATE_FOLDER
+
+
+def pending_batch(warehouse_root: Path | str) -> dict | None:
+    """The plan of a batch that was started and not finished, read without creating anything."""
+    folder = state_folder(warehouse_root)
+    return Journal(folder).load() if folder.is_dir() else None
+
+
 class LockTimeout(RuntimeError):
     """Another job holds the warehouse lock for longer than ``lock_timeout``."""
 
