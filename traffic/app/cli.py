@@ -1,4 +1,4 @@
-"""``traffic`` — the command line: ingest, close, run, status, show, report, accept, replay, bill, spark, demo.
+"""``traffic`` — the command line: ingest, close, run, status, show, report, accept, replay, bill, spark, demo, collect.
 
 Errors a person can fix print one line and exit 2 (a file or folder this user may not write, or
 a full or read-only disk, among them); a failed check exits 3; anything unexpected prints one line
@@ -325,6 +325,15 @@ def cmd_demo(args, settings, spark) -> int:
     return run_demo(settings, spark, Path(args.dir), runs.ingest, runs.close, progress=progress)
 
 
+def cmd_collect(args, settings, spark) -> int:
+    """Receive flow telemetry over UDP into the inbox until SIGTERM or Ctrl-C (docs/collect.md)."""
+    from traffic.app.collect import build_options, run  # deferred: per command (see the docstring)
+
+    options = build_options(args.listen, args.rotate, args.flush, args.flush_datagrams, args.rcvbuf, args.status,
+                            args.status_every, args.log_every, args.metrics)
+    return run(settings.inbox, settings.exporters, options)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="traffic", description="Traffic accounting lakehouse.")
     parser.add_argument("--version", action="version", version=f"traffic {__version__}")
@@ -388,12 +397,29 @@ def build_parser() -> argparse.ArgumentParser:
     spark.add_argument("--port", type=int, help="port on 127.0.0.1 (default: a free one)")
     demo = sub.add_parser("demo", parents=[common], help="generate sample traffic and run the whole pipeline on it")
     demo.add_argument("--dir", default="demo", help="folder for the demo's inbox and warehouse (default ./demo)")
+    collect = sub.add_parser("collect", parents=[common],
+                             help="receive sFlow/NetFlow/IPFIX datagrams over UDP into inbox/<source>/ as pcap files "
+                                  "(decodes nothing; runs until SIGTERM or Ctrl-C)")
+    collect.add_argument("--listen", action="append", metavar="HOST:PORT",
+                         help="address and UDP port to listen on, [v6]:port for IPv6 (repeatable; default "
+                              "127.0.0.1:2055, 127.0.0.1:4739 and 127.0.0.1:6343: loopback only)")
+    collect.add_argument("--rotate", type=float, default=60.0, help="seconds per file and source (default 60)")
+    collect.add_argument("--flush", type=float, default=1.0,
+                         help="seconds between hand-overs to the OS: what a SIGKILL may lose (default 1)")
+    collect.add_argument("--flush-datagrams", type=int, default=10_000,
+                         help="hand over to the OS after this many datagrams too (default 10000)")
+    collect.add_argument("--rcvbuf", default="32M", help="socket receive buffer to ask for, per address (default 32M)")
+    collect.add_argument("--status", help="JSON status file, rewritten atomically every --status-every seconds")
+    collect.add_argument("--status-every", type=float, default=5.0, help="seconds between status files (default 5)")
+    collect.add_argument("--log-every", type=float, default=60.0,
+                         help="seconds between status lines on stderr (default 60; 0: none)")
+    collect.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here (e.g. 127.0.0.1:9155)")
     return parser
 
 
 COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": cmd_status, "show": cmd_show,
             "top": cmd_top, "bill": cmd_bill, "report": cmd_report, "accept": cmd_accept, "replay": cmd_replay,
-            "spark": cmd_spark, "demo": cmd_demo}
+            "spark": cmd_spark, "demo": cmd_demo, "collect": cmd_collect}
 
 
 #: File-system errors a person fixes (ownership and permissions, a read-only mount, a full disk), with the hint.
@@ -451,6 +477,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
     from traffic.quality.suites import AcceptError  # deferred: per command (see the docstring)
     from traffic.core.settings import SettingsError  # deferred: per command (see the docstring)
     from traffic.reporting.top import TopError  # deferred: per command (see the docstring)
+    from traffic.app.collect import CollectError  # deferred: per command (see the docstring)
 
     args = build_parser().parse_args(argv)
     holder = None
@@ -467,7 +494,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
         if _reader_gone():
             return EXIT_PIPE
         return _unexpected(args, error)
-    except (SettingsError, InboxError, LockTimeout, StorageError, AcceptError, TopError) as error:
+    except (SettingsError, InboxError, LockTimeout, StorageError, AcceptError, TopError, CollectError) as error:
         print(f"traffic {args.command}: error: {printable(error)}", file=sys.stderr)
         return EXIT_USER
     except CheckFailed as error:

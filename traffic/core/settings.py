@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Mapping
 from traffic.core.accounts import AccountsError, load_accounts
+from traffic.core.records import canonical_ip, source_problem
 
 
 
@@ -139,6 +140,7 @@ class Settings:
     billing_cycle_day: int = 1
     billing_timezone: str = "UTC"
     billing_unknown_direction: str = "in"
+    exporters: Mapping[str, str] = field(default_factory=dict)  # exporter address → source name (``traffic collect``)
     now: datetime | None = None
     fault_at: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -191,6 +193,7 @@ _PARSERS = {
     "billing_cycle_day": lambda n, v: _parse_cycle_day(n, v),
     "billing_timezone": lambda n, v: _parse_timezone(n, v),
     "billing_unknown_direction": lambda n, v: _choice(n, v, ("in", "out", "both", "ignore")),
+    "exporters": lambda n, v: _parse_exporters(n, v),
     "now": parse_time,
     "fault_at": lambda n, v: None if v in (None, "") else str(v),
     "extra": lambda n, v: dict(v),
@@ -231,6 +234,33 @@ def _parse_cycle_day(name: str, value: Any) -> int:
     if number > 28:
         raise SettingsError(f"{name}: {number} is after the 28th; use 1–28 (every month has those days)")
     return number
+
+
+def _parse_exporters(name: str, value: Any) -> dict[str, str]:
+    """Exporter address → source name, from a TOML table or ``address=name,…`` text.
+
+    Addresses are stored canonically (an IPv4-mapped IPv6 address as its IPv4 address); a name
+    must be usable as an inbox folder the inbox reads (no ``/``, not starting with ``.`` or ``_``).
+    """
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        pairs = [item.partition("=")[::2] for item in _parse_list(value)]
+    mapping: dict[str, str] = {}
+    for address, source in pairs:
+        address, source = str(address).strip(), str(source).strip()
+        try:
+            key = canonical_ip(address)
+        except ValueError as error:
+            raise SettingsError(f"{name}: {address!r} {error} (write address=name, e.g. 192.0.2.1=edge-1)") from None
+        problem = source_problem(source) or (
+            "it is empty" if not source else
+            "it has a /, which an inbox folder name may not have" if "/" in source else
+            "it starts with . or _, which the inbox skips" if source.startswith((".", "_")) else None)
+        if problem:
+            raise SettingsError(f"{name}: the source name for {key} ({source!r}) cannot be used: {problem}")
+        mapping[key] = source
+    return mapping
 
 
 def _parse_timezone(name: str, value: Any) -> str:
