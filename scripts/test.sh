@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (slow tests included). Installs the system tools the tests use
-# (tshark; chromium for the Airflow UI test) with apt-get when missing and this user may;
+# (tshark; nfdump, nfdump-sflow, softflowd, pmacct for the flow-tool checks; chromium for the
+# Airflow UI test) with apt-get when missing and this user may;
 # pytest's own arguments pass through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
+# the flow tools of tests/support/flow_tools.py (softflowd and pmacctd live in /usr/sbin)
+command -v nfcapd >/dev/null 2>&1 || need+=(nfdump)
+command -v sfcapd >/dev/null 2>&1 || need+=(nfdump-sflow)
+command -v softflowd >/dev/null 2>&1 || [ -x /usr/sbin/softflowd ] || need+=(softflowd)
+command -v pmacctd >/dev/null 2>&1 || [ -x /usr/sbin/pmacctd ] || need+=(pmacct)
 [ -x /usr/bin/chromium ] || need+=(chromium chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
