@@ -82,6 +82,11 @@ What is counted, and the decisions on odd packets:
   A pcap record longer than max(snapshot length, 262144) bytes is taken for corruption,
   as libpcap does; in pcapng, a block whose lengths disagree is.
 
+Flow telemetry (DESIGN §7a): ``udp_datagrams`` walks the same frames of a collector file (or of
+any capture of export traffic) and gives the UDP payloads with their receive time, exporter address
+and ports, for ``traffic.io.flows``; ``ip_headers`` reads sFlow's sampled packet headers by the
+rules above. Frames that are not UDP are skipped and counted there, not rejected.
+
 docs/captures.md explains these choices for operators, with the real captures they were
 checked on.
 """
@@ -109,7 +114,7 @@ from traffic.core.records import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["is_capture", "parse_capture"]
+__all__ = ["Datagrams", "IpHeaders", "ip_headers", "is_capture", "parse_capture", "udp_datagrams"]
 
 # --- formats ------------------------------------------------------------------------------
 
@@ -280,6 +285,211 @@ def parse_capture(
         reason, record = file_reject
         table = pa.concat_tables([table, _reject_table(reason, record, source, input_file)])
     return table
+
+
+# --- UDP datagrams of flow export (DESIGN §7a) -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Datagrams:
+    """UDP payloads from exporters, in file order: numpy columns over one shared buffer.
+
+    Payload ``i`` is ``buffer[offset[i] : offset[i] + length[i]]`` (usually the capture file itself:
+    nothing is copied). ``number`` is the frame's number in its file (as Wireshark counts them);
+    ``skipped`` counts the frames that are not UDP datagrams, by reason.
+    """
+
+    buffer: bytes
+    offset: np.ndarray  # int64
+    length: np.ndarray  # int64
+    receive_ts: np.ndarray  # int64, µs since the epoch
+    exporter: list[str]  # the sender's address, canonical text
+    src_port: np.ndarray  # int64
+    dst_port: np.ndarray  # int64
+    number: np.ndarray  # int64, 1-based
+    skipped: dict[str, int]
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+    def payload(self, i: int) -> bytes:
+        """The bytes of datagram ``i``."""
+        start = int(self.offset[i])
+        return bytes(self.buffer[start : start + int(self.length[i])])
+
+    @staticmethod
+    def from_payloads(items: list[tuple[int, str, int, int, bytes]]) -> Datagrams:
+        """Datagrams from (receive µs, exporter address, source port, destination port, payload) tuples."""
+        offsets, at = [], 0
+        for item in items:
+            offsets.append(at)
+            at += len(item[4])
+        column = lambda k: np.array([item[k] for item in items], np.int64)  # noqa: E731
+        return Datagrams(
+            buffer=b"".join(item[4] for item in items),
+            offset=np.array(offsets, np.int64),
+            length=np.array([len(item[4]) for item in items], np.int64),
+            receive_ts=column(0),
+            exporter=[_exporter_text(item[1]) for item in items],
+            src_port=column(2),
+            dst_port=column(3),
+            number=np.arange(1, len(items) + 1, dtype=np.int64),
+            skipped={},
+        )
+
+
+def _exporter_text(text: str) -> str:
+    address = ipaddress.ip_address(text)
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return str(address)
+
+
+#: Frames of a telemetry capture that are simply not export traffic: skipped and counted.
+_NOT_IP = (_R_ETHERTYPE, _R_8023, _R_FAMILY, _R_MPLS, _R_PPP)
+_R_FRAGMENT = 40
+_R_UDP_CUT = 41
+_R_UDP_LENGTH = 42
+_R_DATAGRAM_CUT = 43
+_REASONS.update({
+    _R_FRAGMENT: lambda v: "fragmented datagram: reassembly not supported",
+    _R_UDP_CUT: lambda v: "UDP header cut off by the capture",
+    _R_UDP_LENGTH: lambda v: f"bad UDP length {v} (less than its 8-byte header)",
+    _R_DATAGRAM_CUT: lambda v: (
+        f"datagram cut off by the capture ({v & 0xFFFFFFFF} of {v >> 32} bytes captured)"
+    ),
+})
+
+
+def udp_datagrams(data: bytes, *, input_file: str, source: str) -> tuple[Datagrams, pa.Table]:
+    """The UDP datagrams of a capture (a collector file or any capture of export traffic), and its rejects.
+
+    Frames are walked as ``parse_capture`` walks them (every link type, VLANs, pcapng, ...). A frame
+    that is no IP packet (ARP, LLDP, ...) or an IP packet that is not UDP is not export traffic: it
+    is skipped and counted in ``Datagrams.skipped`` (a capture made with another tool on an
+    exporter's link carries such frames as a matter of course). A UDP datagram the capture cannot
+    give whole is a reject (``PARSED_SCHEMA``, as ``parse_capture`` words them): an IP fragment (a
+    later one, or a first one with more to come: reassembly is not supported), a UDP header or
+    payload cut by the snapshot length, a UDP length below 8; so is a frame whose headers are
+    broken, and a problem with the file itself (one last row). The datagram is what the UDP
+    length says (Ethernet padding after it is not part of it). Never raises on bad input.
+    """
+    skipped: dict[str, int] = {}
+    try:
+        frames, file_reject = _read_frames(data)
+        buf = np.frombuffer(data, np.uint8)
+        n = len(frames.pos)
+        d = _decode(buf, frames) if n else None
+        code, value = frames.code, frames.value
+        if n:
+            _store_mapped_as_ipv4(d, code, value)
+        not_ip = np.isin(code, _NOT_IP)
+        if not_ip.any():
+            skipped["not an IP packet"] = int(not_ip.sum())
+        code[not_ip] = -1
+        ok = code == _OK
+        other = ok & (d.protocol != 17) if n else ok
+        if other.any():
+            skipped["IP packet that is not UDP"] = int(other.sum())
+        code[other] = -1
+        udp = code == _OK
+        if n:
+            _reject(code, value, udp & d.fragmented, _R_FRAGMENT, 0)
+            end = frames.pos + frames.cap
+            at = d.transport
+            _reject(code, value, udp & ((at < 0) | (at + 8 > end)), _R_UDP_CUT, 0)
+            udp_length = _be16(buf, at + 4)
+            _reject(code, value, udp & (udp_length < 8), _R_UDP_LENGTH, udp_length)
+            cut = udp & (at + udp_length > end)
+            _reject(code, value, cut, _R_DATAGRAM_CUT, ((udp_length - 8) << 32) | np.maximum(end - at - 8, 0))
+        rows = np.flatnonzero(code == _OK)
+        if n:
+            index, texts, _ = _addresses(d.addresses[:n][rows], _Networks([], []))
+            texts = texts.to_pylist()
+            datagrams = Datagrams(
+                buffer=data,
+                offset=d.transport[rows] + 8,
+                length=udp_length[rows] - 8,
+                receive_ts=frames.ts[rows],
+                exporter=[texts[k] for k in index.tolist()],
+                src_port=d.src_port[rows],
+                dst_port=d.dst_port[rows],
+                number=rows + 1,
+                skipped=skipped,
+            )
+        else:
+            datagrams = Datagrams.from_payloads([])
+            datagrams.skipped.update(skipped)
+        rejected = np.flatnonzero(code > _OK)
+        rejects = _rejects_table(
+            _coded_reasons(code[rejected], value[rejected]),
+            _frame_excerpts(buf, rejected, frames.pos[rejected], frames.cap[rejected]),
+            source, input_file,
+        )
+    except Exception as exc:  # a reader bug must not stop the batch; the reject says so
+        log.exception("could not read capture %s", input_file)
+        datagrams = Datagrams.from_payloads([])
+        rejects = PARSED_SCHEMA.empty_table()
+        file_reject = (
+            f"could not read capture ({type(exc).__name__}: {exc})",
+            f"byte offset 0: {_hex(data, 0, len(data))}",
+        )
+    if file_reject is not None:
+        reason, record = file_reject
+        rejects = pa.concat_tables([rejects, _reject_table(reason, record, source, input_file)])
+    return datagrams, rejects
+
+
+def _rejects_table(reasons: pa.Array, records: pa.Array, source: str, input_file: str) -> pa.Table:
+    """Reject rows with the given reasons and records; every other column null."""
+    n = len(reasons)
+    columns = {field.name: pa.nulls(n, field.type) for field in PARSED_SCHEMA}
+    columns.update(
+        kind=pa.repeat(pa.scalar(REJECT, pa.string()), n),
+        source=pa.repeat(pa.scalar(source, pa.string()), n),
+        input_file=pa.repeat(pa.scalar(input_file, pa.string()), n),
+        reason=reasons.cast(pa.string()),
+        record=records.cast(pa.string()),
+    )
+    return pa.Table.from_arrays([columns[field.name] for field in PARSED_SCHEMA], schema=PARSED_SCHEMA)
+
+
+@dataclass(frozen=True)
+class IpHeaders:
+    """What sampled packet headers say (sFlow), one entry per header; see ``ip_headers``."""
+
+    problem: list  # None, or why the header cannot be accounted
+    not_ip: np.ndarray  # bool: a frame that is no IP packet (not a problem, just not traffic)
+    addresses: np.ndarray  # (2n, 17) uint8 keys: family byte, then the address (IPv4 in the last 4)
+    protocol: np.ndarray  # -1 = unknown
+    src_port: np.ndarray  # -1 = none
+    dst_port: np.ndarray
+    length: np.ndarray  # the IP packet's length, from its header
+
+
+def ip_headers(buffer: bytes, pos: np.ndarray, captured: np.ndarray, wire: np.ndarray,
+               linktype: np.ndarray) -> IpHeaders:
+    """Read the packet headers at ``pos`` (``captured`` bytes of frames ``wire`` bytes long) as captures are read.
+
+    The same link-layer and IP rules as ``parse_capture`` (VLANs, MPLS, IPv4-mapped addresses, ...):
+    sFlow's sampled headers are the start of frames, like a capture's with a short snapshot length.
+    """
+    n = len(pos)
+    frames = _Frames(
+        pos=pos.astype(np.int64), cap=captured.astype(np.int64), orig=wire.astype(np.int64),
+        ts=np.zeros(n, np.int64), linktype=linktype.astype(np.int64), fcs=np.zeros(n, np.int64),
+        code=np.zeros(n, np.int16), value=np.zeros(n, np.int64),
+    )
+    buf = np.frombuffer(buffer, np.uint8)
+    d = _decode(buf, frames)
+    code = frames.code
+    _store_mapped_as_ipv4(d, code, frames.value)
+    not_ip = np.isin(code, _NOT_IP)
+    problem = [None] * n
+    bad = np.flatnonzero((code != _OK) & ~not_ip)
+    for k, text in zip(bad.tolist(), _coded_reasons(code[bad], frames.value[bad]).to_pylist()):
+        problem[k] = text
+    return IpHeaders(problem, not_ip, d.addresses, d.protocol, d.src_port, d.dst_port, d.length)
 
 
 # --- reading the container ----------------------------------------------------------------
@@ -712,6 +922,8 @@ class _Decoded:
     src_port: np.ndarray  # -1 = none
     dst_port: np.ndarray
     length: np.ndarray
+    transport: np.ndarray  # offset of the transport header in the file, -1 = unknown or not captured
+    fragmented: np.ndarray  # a fragment of a larger IP packet (first or later)
 
 
 def _reject(code: np.ndarray, value: np.ndarray, where: np.ndarray, reason: int, arg) -> None:
@@ -800,6 +1012,8 @@ def _decode(buf: np.ndarray, f: _Frames) -> _Decoded:
         src_port=np.full(n, -1, np.int64),
         dst_port=np.full(n, -1, np.int64),
         length=np.zeros(n, np.int64),
+        transport=np.full(n, -1, np.int64),
+        fragmented=np.zeros(n, bool),
     )
     v4 = np.flatnonzero(family == 4)
     if len(v4):
@@ -895,6 +1109,8 @@ def _decode_ipv4(buf, rows, l3, end, wire_ip, d: _Decoded, code, value) -> None:
     d.addresses[n + rows, 13:] = fixed[:, 16:20]
     ported = np.isin(protocol, _PORT_PROTOCOLS) & (fragment_offset == 0) & (header + 4 <= captured)
     _set_ports(buf, rows, l3 + header, ported, d)
+    d.transport[rows] = np.where(~short & ~bad_ihl & (fragment_offset == 0), l3 + header, -1)
+    d.fragmented[rows] = (fragment_offset > 0) | ((fixed[:, 6] & 0x20) != 0)
 
 
 def _decode_ipv6(buf, rows, l3, end, wire_ip, d: _Decoded, code, value) -> None:
@@ -925,6 +1141,7 @@ def _decode_ipv6(buf, rows, l3, end, wire_ip, d: _Decoded, code, value) -> None:
     walking = ~short
     known = ~short
     later_fragment = np.zeros(len(rows), bool)
+    fragmented = np.zeros(len(rows), bool)
     for _ in range(_MAX_V6_EXTENSIONS):
         step = np.flatnonzero(walking & np.isin(protocol, _V6_EXTENSIONS))
         if not len(step):
@@ -938,6 +1155,8 @@ def _decode_ipv6(buf, rows, l3, end, wire_ip, d: _Decoded, code, value) -> None:
         # a non-first fragment's transport header is in another packet: stop there
         later = ~cut & (kind == 44) & ((_be16(buf, here + 2) >> 3) > 0)
         later_fragment[step[later]] = True
+        more = (_u8(buf, here + 3) & 1) == 1
+        fragmented[step[~cut & (kind == 44) & (later | more)]] = True
         walking[step[later]] = False
         moved = step[~cut]
         protocol[moved] = _u8(buf, here)[~cut]
@@ -948,6 +1167,8 @@ def _decode_ipv6(buf, rows, l3, end, wire_ip, d: _Decoded, code, value) -> None:
     d.protocol[rows] = protocol
     ported = known & ~later_fragment & np.isin(protocol, _PORT_PROTOCOLS) & (at + 4 <= end)
     _set_ports(buf, rows, at, ported, d)
+    d.transport[rows] = np.where(known & ~later_fragment, at, -1)
+    d.fragmented[rows] = fragmented
 
 
 def _jumbo_payload(buf: np.ndarray, l3: int, end: int) -> int | None:
@@ -1148,8 +1369,8 @@ def _frames_to_table(
         "record": record,
         "input_file": pa.repeat(pa.scalar(input_file, pa.string()), n),
     }
-    return pa.Table.from_arrays(
-        [columns[field.name] for field in PARSED_SCHEMA], schema=PARSED_SCHEMA
+    return pa.Table.from_arrays(  # a packet header is 1 packet, unsampled: its weight columns stay null
+        [columns[field.name] if field.name in columns else pa.nulls(n, field.type) for field in PARSED_SCHEMA], schema=PARSED_SCHEMA
     )
 
 

@@ -1,0 +1,196 @@
+"""Bad flow telemetry never crashes the decoder: every malformed datagram is a reject (or waits, or is
+skipped and counted), never an exception, and good datagrams beside bad ones still decode exactly.
+
+Hypothesis plus exhaustive truncations over NetFlow v5, NetFlow v9, IPFIX and sFlow v5 datagrams from
+``tests.support.flow_encoder``, and hand-made lies: set lengths below 4, templates with no fields or
+65,535 of them, record counts and sample counts that are not there.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.support import flow_encoder as fe
+from traffic.core.records import canonical_ip
+from traffic.io.captures import Datagrams, udp_datagrams
+from traffic.io.flows import FlowState, decode
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+T = 1_800_000_000_000_000
+EXPORT_S = T // 1_000_000
+GOOD_EXPORTER, BAD_EXPORTER = "192.0.2.1", "192.0.2.66"
+
+A = fe.Flow("10.0.0.1", "192.0.2.9", 1234, 443, 6, 1500, 3, T - 5_000_000, T - 1_000_000)
+C = fe.Flow("2001:db8::1", "2001:db8::2", 53, 53, 17, 120, 1, T - 2_000_000, T - 2_000_000)
+V4 = [(8, 4), (12, 4), (7, 2), (11, 2), (4, 1), (1, 4), (2, 4), (152, 8), (153, 8)]
+V9 = [(8, 4), (12, 4), (7, 2), (11, 2), (4, 1), (1, 4), (2, 4), (22, 4), (21, 4)]
+VARIABLE = [(27, 16), (28, 16), (82, fe.VARIABLE), (100, 4, 9), (7, 2), (11, 2), (4, 1), (1, 8), (2, 8),
+            (156, 8), (157, 8)]
+
+
+def _samples() -> list[bytes]:
+    """One good datagram of each kind, every feature the decoder walks."""
+    v9_flows = [fe.record(V9, fe.flow_values(A, export_us=T, uptime_ms=500_000))] * 2
+    return [
+        fe.netflow5([A, A], export_us=T, uptime_ms=500_000, sequence=1, sampling_interval=10),
+        fe.netflow9([fe.template_set({256: V9}, ipfix=False),
+                     fe.options_template_set(257, [(1, 4)], [(34, 4)], ipfix=False),
+                     fe.data_set(257, [fe.record([(1, 4), (34, 4)], {34: 8})]),
+                     fe.data_set(256, v9_flows)], export_s=EXPORT_S, uptime_ms=500_000, source_id=1),
+        fe.ipfix([fe.template_set({256: V4, 258: VARIABLE}),
+                  fe.options_template_set(257, [(149, 4)], [(305, 4), (306, 4)]),
+                  fe.data_set(257, [fe.record([(149, 4), (305, 4), (306, 4)], {305: 1, 306: 9})]),
+                  fe.data_set(256, [fe.record(V4, fe.flow_values(A))] * 2),
+                  fe.data_set(258, [fe.record(VARIABLE, {**fe.flow_values(C), 82: b"x" * n}) for n in (3, 300)])],
+                 export_s=EXPORT_S, domain=4),
+        fe.sflow([fe.flow_sample([fe.raw_header(fe.sampled_frame(A, vlans=[(0x8100, 7)])), fe.extended_switch()],
+                                 sampling_rate=100),
+                  fe.counter_sample(),
+                  fe.flow_sample([fe.raw_header(fe.sampled_frame(C))], sampling_rate=100, expanded=True)]),
+    ]
+
+
+SAMPLES = _samples()
+
+
+def _decode(bad: list[bytes], state: FlowState | None = None):
+    """Decode the bad datagrams (from one exporter) among the good samples (from another)."""
+    items = [(T, GOOD_EXPORTER, 5000, 2055, SAMPLES[0])]
+    items += [(T + 1 + i, BAD_EXPORTER, 5000, 2055, payload) for i, payload in enumerate(bad)]
+    items += [(T + 1000 + i, GOOD_EXPORTER, 5000, 2055, payload) for i, payload in enumerate(SAMPLES[1:])]
+    return decode(Datagrams.from_payloads(items), state or FlowState(), source="s", input_file="f")
+
+
+EXPECTED = _decode([]).flows.to_pylist()
+
+
+def _check(out):
+    """Every row keeps the contract, and the good exporter's flows are exactly those decoded alone."""
+    flows = out.flows.to_pylist()
+    for row in flows:
+        assert canonical_ip(row["src_ip"]) == row["src_ip"] and canonical_ip(row["dst_ip"]) == row["dst_ip"], row
+        assert (":" in row["src_ip"]) == (":" in row["dst_ip"]), row
+        for port in (row["src_port"], row["dst_port"]):
+            assert port is None or 0 <= port <= 65535, row
+        assert row["protocol"] is None or 0 <= row["protocol"] <= 255, row
+        assert row["bytes"] >= 0 and row["packets"] >= 0 and row["sampling_rate"] >= 0, row
+        assert row["start_ts"] <= row["end_ts"], row
+        assert row["format"] in ("sflow5", "netflow5", "netflow9", "ipfix")
+    for row in out.rejects.to_pylist():
+        assert row["kind"] == "reject" and row["reason"] and len(row["reason"]) <= 512, row
+        assert row["record"].startswith("datagram ") and len(row["record"]) <= 512, row
+    assert [r for r in flows if r["exporter"] == GOOD_EXPORTER] == EXPECTED
+    assert all(count > 0 for count in out.skipped.values())
+    return out
+
+
+def test_the_samples_decode():
+    assert len(EXPECTED) == 2 + 2 + 4 + 2
+    assert _decode([]).rejects.num_rows == 0
+
+
+def test_every_truncation_of_every_sample_is_a_reject_or_a_shorter_datagram():
+    for sample in SAMPLES:
+        cuts = [sample[:k] for k in range(len(sample))]
+        out = _check(_decode(cuts))
+        rejected = {int(r["record"].split()[1]) for r in out.rejects.to_pylist()}
+        waiting = len(out.waiting)
+        # each cut datagram is rejected, unless it ends exactly where a set or sample ends
+        assert len(rejected) + waiting >= len(cuts) * 0.8, (len(rejected), len(cuts))
+
+
+def test_ipfix_cut_anywhere_with_a_message_length_that_agrees():
+    """The message length patched to the cut, so the set and template walk itself meets the end."""
+    sample = SAMPLES[2]
+    cuts = [sample[:2] + k.to_bytes(2, "big") + sample[4:k] for k in range(16, len(sample))]
+    out = _check(_decode(cuts))
+    reasons = out.rejects.column("reason").to_pylist()
+    assert any("claims" in r for r in reasons) and any("runs past the end" in r or "claims" in r for r in reasons)
+    assert len({int(r["record"].split()[1]) for r in out.rejects.to_pylist()}) >= len(cuts) * 0.8
+
+
+@FUZZ
+@given(st.sampled_from(range(len(SAMPLES))), st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)),
+                                                       min_size=1, max_size=8))
+def test_corrupted_bytes(which, changes):
+    data = bytearray(SAMPLES[which])
+    for at, value in changes:
+        data[at % len(data)] = value
+    _check(_decode([bytes(data)]))
+
+
+@FUZZ
+@given(st.sampled_from([b"\x00\x05", b"\x00\x09", b"\x00\x0a", b"\x00\x00\x00\x05", b""]), st.binary(max_size=300))
+def test_random_bodies_after_each_version(version, body):
+    _check(_decode([version + body]))
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 70000), st.integers(0, 70000)), max_size=6), st.binary(max_size=64),
+       st.booleans())
+def test_lying_set_headers(sets, filler, ipfix):
+    """Set ids and lengths that are anything at all, before and after a good template and data set."""
+    body = b"".join(set_id.to_bytes(4, "big")[2:] + length.to_bytes(4, "big")[2:] + filler for set_id, length in sets)
+    good = [fe.template_set({256: V4}), fe.data_set(256, [fe.record(V4, fe.flow_values(A))])]
+    if ipfix:
+        payload = fe.ipfix(good, export_s=EXPORT_S)
+        payload = fe.ipfix([payload[16:] + body], export_s=EXPORT_S)
+    else:
+        payload = fe.netflow9([fe.template_set({256: V9}, ipfix=False), body], export_s=EXPORT_S, uptime_ms=9)
+    _check(_decode([payload]))
+
+
+@FUZZ
+@given(st.integers(0, 65535), st.lists(st.tuples(st.integers(0, 65535), st.integers(0, 65535)), max_size=5),
+       st.integers(0, 65535), st.binary(max_size=80))
+def test_lying_templates(template_id, fields, count, data):
+    """Templates with any field count, ids and lengths (0, 65,535, enterprise bits), then data for them."""
+    specifiers = b"".join(ie.to_bytes(2, "big") + length.to_bytes(2, "big") for ie, length in fields)
+    template = template_id.to_bytes(2, "big") + count.to_bytes(2, "big") + specifiers
+    for set_ids, wrap in (((2, 3), lambda sets: fe.ipfix(sets, export_s=EXPORT_S)),
+                          ((0, 1), lambda sets: fe.netflow9(sets, export_s=EXPORT_S, uptime_ms=1))):
+        for set_id in set_ids:
+            sets = [fe.raw_set(set_id, template), fe.raw_set(max(template_id, 256), data)]
+            _check(_decode([wrap(sets)]))
+
+
+def test_hand_made_lies_say_why():
+    cases = {
+        "less than its own 4-byte header": fe.ipfix([b"\x01\x00\x00\x02"], export_s=EXPORT_S),
+        "has no fields": fe.netflow9([fe.template_set({300: []}, ipfix=False)], export_s=EXPORT_S, uptime_ms=1),
+        "declares 65535 fields": fe.ipfix([b"\x00\x02\x00\x0c\x01\x00\xff\xff\x00\x01\x00\x04"], export_s=EXPORT_S),
+        "record count 31": fe.netflow5([A] * 31, export_us=T, uptime_ms=1),
+        "says 1000 samples, it ends after 3": fe.sflow([])[:-4] + (1000).to_bytes(4, "big") + SAMPLES[3][28:],
+        "is not the datagram's length": SAMPLES[2][:-1],
+        "version field": b"\x00\x0b" + SAMPLES[2][2:],
+    }
+    out = _check(_decode(list(cases.values())))
+    reasons = out.rejects.column("reason").to_pylist()
+    for expected in cases:
+        assert any(expected in reason for reason in reasons), (expected, reasons)
+
+
+def test_padding_after_records_and_templates_is_no_reject():
+    padded = fe.ipfix([fe.template_set({256: V4}) + bytes(0), fe.data_set(256, [fe.record(V4, fe.flow_values(A))],
+                                                                           pad_to=16)], export_s=EXPORT_S)
+    v9 = fe.netflow9([fe.template_set({256: V9}, ipfix=False), fe.data_set(256, [fe.record(V9, fe.flow_values(
+        A, export_us=T, uptime_ms=5))], pad_to=8)], export_s=EXPORT_S, uptime_ms=5)
+    out = _check(_decode([padded, v9]))
+    assert out.rejects.num_rows == 0
+    assert len([r for r in out.flows.to_pylist() if r["exporter"] == BAD_EXPORTER]) == 2
+
+
+@FUZZ
+@given(st.binary(max_size=400), st.integers(0, 300))
+def test_collector_files_cut_or_followed_by_garbage(garbage, cut):
+    data = fe.collector_file([(T, GOOD_EXPORTER, 5000, payload) for payload in SAMPLES])
+    for capture in (data[: len(data) - cut], data + garbage, garbage):
+        datagrams, rejects = udp_datagrams(capture, input_file="f", source="s")
+        assert all(r["reason"] for r in rejects.to_pylist())
+        _check_alone(decode(datagrams, FlowState(), source="s", input_file="f"))
+
+
+def _check_alone(out):
+    for row in out.rejects.to_pylist():
+        assert row["reason"] and len(row["reason"]) <= 512
