@@ -257,9 +257,9 @@ def test_large_batches_are_validated_by_gx_spark_engine_with_the_same_verdict(st
     with pytest.raises(CheckFailed):
         close(harness.settings, lambda: spark, None, _quiet, only=("freeze",))
     packets = {r["expectation"]: r for r in _failed_results(harness, "packets") if r["period_start"] == H22}
-    assert packets["expect_column_values_to_be_between(IPv4 bytes ≤ 65,535 (IPv4 total length))"]["observed"] == \
+    assert packets["expect_column_values_to_be_between(IPv4 bytes per packet ≤ 65,535 (IPv4 total length))"]["observed"] == \
         "1 row, min 70000"
-    assert not packets["expect_column_values_to_be_between(IPv4 bytes ≤ 65,535 (IPv4 total length))"]["critical"]
+    assert not packets["expect_column_values_to_be_between(IPv4 bytes per packet ≤ 65,535 (IPv4 total length))"]["critical"]
     # Critical here: the micro-batches' open rows never saw the packet, so the hour fails.
     assert _ledger(harness)[("hour", H22)]["dq_status"] == "failed"
 

@@ -541,3 +541,36 @@ def _sort_key(row: dict) -> tuple:
 
 __all__ = ["ModelSettings", "ReferenceModel", "ParsedRecord", "parse_router_feed_line",
            "split_records", "to_us"]
+
+
+# --- flow telemetry (DESIGN §7a) ---------------------------------------------------------------
+
+
+def apportion_flow(start: int, end: int, amount: int) -> list[tuple[int, int]]:
+    """A flow's ``amount`` over the 5-minute panes ``[start, end]`` overlaps, as (share time, share), the
+    obvious way: one pane at a time, exact fractions, then whole units by the largest remainder (ties:
+    the earlier pane). A flow lasting no time, or inside one pane, is one share at its start."""
+    from fractions import Fraction
+
+    first, last = floor_to(start, PANE), floor_to(end - 1, PANE) if end > start else floor_to(start, PANE)
+    panes = list(range(first, last + PANE, PANE))
+    if len(panes) == 1:
+        return [(start, amount)]
+    exact = [Fraction(amount * (min(end, pane + PANE) - max(start, pane)), end - start) for pane in panes]
+    shares = [int(x) for x in exact]  # floors: every value is ≥ 0
+    by_remainder = sorted(range(len(panes)), key=lambda i: (-(exact[i] - shares[i]), i))
+    for i in by_remainder[: amount - sum(shares)]:
+        shares[i] += 1
+    return [(max(start, pane), share) for pane, share in zip(panes, shares)]
+
+
+def late_shares(start: int, end: int, amount: int, watermark: int | None) -> tuple[int, int]:
+    """(on-time, late) parts of a flow when the watermark before its batch is ``watermark``: a share
+    is late when its hour ended at or before the watermark (§3), judged share by share."""
+    on_time = late = 0
+    for ts, share in apportion_flow(start, end, amount):
+        if watermark is not None and floor_to(ts, HOUR) + HOUR <= watermark:
+            late += share
+        else:
+            on_time += share
+    return on_time, late

@@ -46,6 +46,8 @@ def packet(us, local_ip, remote_ip, local_port, remote_port, protocol, size, dir
         "reason": None,
         "record": None,
         "input_file": FILE,
+        "packets": None,  # a packet header: weight 1, unsampled (null = 1)
+        "sampling_rate": None,
     }
 
 

@@ -115,3 +115,16 @@ def test_a_clocks_table_written_before_marks_loads_with_each_source_clock_as_its
 ])
 def test_first_hour_gap(data_hours, newest, gap):
     assert first_hour_gap(T, [T, *data_hours], newest) == gap
+
+
+def test_a_source_with_its_own_lateness_holds_the_watermark_back_by_that_much():
+    """DESIGN §7a: a flow source's allowed lateness covers its exporter's active timeout; the others keep theirs."""
+    lateness = {"router": timedelta(minutes=30)}
+    state = advance(ClockState(), {"feed": _m(60), "router": _m(60)}, 1, timedelta(minutes=5), TIMEOUT,
+                    source_lateness=lateness)
+    assert state.watermark == _m(30)  # min(60 - 5, 60 - 30)
+    state = advance(state, {"feed": _m(120), "router": _m(100)}, 2, timedelta(minutes=5), TIMEOUT,
+                    source_lateness=lateness)
+    assert state.watermark == _m(70)  # the router: 100 - 30; the feed alone would allow 115
+    without = advance(ClockState(), {"feed": _m(60), "router": _m(60)}, 1, timedelta(minutes=5), TIMEOUT)
+    assert without.watermark == _m(55)

@@ -91,3 +91,82 @@ def test_period_ends_ceilings_panes_and_the_expected_sources_window():
     assert P.hour_ceil(t(1, 10)) == t(1, 10) and P.hour_ceil(t(1, 10, 1)) == t(1, 11)
     assert P.panes_of(t(1, 10))[::11] == [t(1, 10), t(1, 10, 55)] and len(P.panes_of(t(1, 10))) == 12
     assert P.expected_sources_window(t(2, 10)) == (t(1, 11), t(2, 11))
+
+
+# -- apportioning a flow to panes (§7a) ----------------------------------------------------------------
+
+from fractions import Fraction
+
+import numpy as np
+from hypothesis import given, settings as hsettings
+from hypothesis import strategies as st
+
+from traffic.core.periods import apportion_to_panes
+
+_P = 300_000_000
+
+
+def _shares(start, end, amount):
+    flow, ts, (share,) = apportion_to_panes(np.array([start]), np.array([end]), [np.array([amount])])
+    return list(zip(ts.tolist(), share.tolist()))
+
+
+def test_a_flow_inside_one_pane_is_one_share_at_its_start():
+    assert _shares(_P + 5, 2 * _P - 1, 1500) == [(_P + 5, 1500)]
+    assert _shares(7, 7, 40) == [(7, 40)]  # lasts no time
+
+
+def test_an_end_on_a_pane_boundary_does_not_reach_the_next_pane():
+    assert _shares(0, _P, 10) == [(0, 10)]
+
+
+def test_shares_follow_the_overlap_and_add_up_exactly():
+    # 100 µs in pane 0, all of pane 1, 100 µs of pane 2: the middle pane holds half
+    assert _shares(_P - 100, 2 * _P + 100, 1000) == [(_P - 100, 0), (_P, 1000), (2 * _P, 0)]
+    assert _shares(_P - 100, 2 * _P + 100, 3_000_002) == [(_P - 100, 1), (_P, 3_000_000), (2 * _P, 1)]
+
+
+def test_a_remainder_goes_to_the_largest_fraction_then_the_earlier_pane():
+    # 7 over two equal halves: 3.5 each, the earlier pane takes the odd unit
+    assert _shares(_P // 2, _P + _P // 2, 7) == [(_P // 2, 4), (_P, 3)]
+    # 5 over twelve equal panes: the first five get one each
+    assert [s for _, s in _shares(0, 12 * _P, 5)] == [1] * 5 + [0] * 7
+
+
+def test_a_share_lies_inside_its_pane():
+    for ts, _ in _shares(123, 7 * _P + 9, 10**9):
+        assert ts // _P * _P <= ts < ts // _P * _P + _P
+
+
+def test_counts_past_64_bit_products_stay_exact():
+    big = (1 << 62) + 12345
+    shares = _shares(0, 10 * 86_400_000_000, big)  # ten days
+    assert sum(s for _, s in shares) == big and len(shares) == 2880
+
+
+flows = st.lists(st.tuples(st.integers(0, 10**12), st.integers(0, 4 * 3_600_000_000), st.integers(0, 10**15),
+                           st.integers(0, 10**6)), min_size=1, max_size=20)
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(flows)
+def test_shares_match_the_exact_proportions(cases):
+    """Against exact fractions: each share is the floor or the ceiling of amount × overlap / duration,
+    the shares of a flow add up to it, and their times step through consecutive panes."""
+    start = np.array([c[0] for c in cases])
+    end = start + np.array([c[1] for c in cases])
+    flow, ts, (byte_shares, packet_shares) = apportion_to_panes(
+        start, end, [np.array([c[2] for c in cases]), np.array([c[3] for c in cases])])
+    for i, (s, length, amount, packets) in enumerate(cases):
+        mine = np.flatnonzero(flow == i)
+        assert byte_shares[mine].sum() == amount and packet_shares[mine].sum() == packets
+        panes = ts[mine] // _P
+        assert list(panes) == list(range(panes[0], panes[0] + len(mine)))
+        assert ts[mine][0] == s
+        for j, at in zip(mine, ts[mine].tolist()):
+            if len(mine) == 1:
+                assert byte_shares[j] == amount
+                continue
+            overlap = min(s + length, (at // _P + 1) * _P) - at
+            exact = Fraction(amount * overlap, length)
+            assert exact - 1 < int(byte_shares[j]) < exact + 1

@@ -15,19 +15,22 @@ batch spanning more than ``max_history``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traffic.accounting.parts import SUMMARY, REJECT_ROWS, _PARTS, floor_to, group_sums, hourly_parts, pane_parts, file_part, save_part
+from traffic.accounting.parts import (SUMMARY, REJECT_ROWS, TELEMETRY_STATE, _PARTS, file_part, floor_to, group_sums, hourly_parts,
+                                      pane_parts, save_part, weights)
 from traffic.core.periods import late_mask, micros
-from traffic.core.records import MAX_REASON_CHARS, PARSED_SCHEMA
+from traffic.core.records import MAX_REASON_CHARS, PACKET, PARSED_SCHEMA
 from traffic.storage.delta import write_staged
 from traffic.io.files import PieceChanged, read_piece
-from traffic.io.readers import CAPTURE, CSV_HEADER, parse_bytes, unreadable_chunk
+from traffic.io.readers import CAPTURE, CSV_HEADER, FLOWS, parse_bytes, unreadable_chunk
+from traffic.io.telemetry import LOST_SCHEMA, TelemetryRules, TelemetryState, read_telemetry
 from traffic.core.settings import build_settings
 
 ON_TIME = "packet"
@@ -69,6 +72,7 @@ class Rules:
     late_packets: object | None
     scratch: str
     settings_doc: dict
+    flow_states: dict = field(default_factory=dict)  # telemetry state per source before the batch (JSON)
     attempt: int = 0
 
 
@@ -105,10 +109,17 @@ def split_by_fate(parsed: pa.Table, rules: Rules, code: np.ndarray | None = None
     with_hour = parsed.append_column("hour", hour)
     pane = floor_to(ts, _PANE_US)
     fate = _FATE_NAMES.take(pa.array(code))
+    is_packet = pc.equal(parsed.column("kind"), PACKET)
     summary = pa.table({"fate": fate, "source": parsed.column("source"), "pane": pane,
+                        "weight": pc.if_else(is_packet, weights(parsed), 0),
                         "bytes": pc.fill_null(parsed.column("bytes"), 0), "ts": ts})
     summary = group_sums(summary, ["fate", "source", "pane"],
-                         {"records": ([], "count_all"), "bytes": ("bytes", "sum"), "max_ts": ("ts", "max")}, SUMMARY)
+                         {"records": ([], "count_all"), "packets": ("weight", "sum"), "bytes": ("bytes", "sum"),
+                          "max_ts": ("ts", "max")}, SUMMARY)
+    # Raw rows carry their weight and sampling rate explicitly (1 for a packet header).
+    with_hour = with_hour.set_column(with_hour.schema.get_field_index("packets"), "packets", weights(parsed)) \
+                         .set_column(with_hour.schema.get_field_index("sampling_rate"), "sampling_rate",
+                                     pc.fill_null(parsed.column("sampling_rate"), pa.scalar(1, pa.int32())))
 
     # (A chunk that is all on time, the usual case, is not copied.)
     on_time = with_hour if (code == _ON_TIME).all() else with_hour.filter(pa.array(code == _ON_TIME))
@@ -155,8 +166,11 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
     """
 
     own = None
+    telemetry = None
     try:
-        if row["format"] == CAPTURE:
+        if row["format"] == FLOWS:
+            files = [(read_piece(f["path"], 0, f["size"], f["sha256"]), f["name"], f["start"]) for f in row["files"]]
+        elif row["format"] == CAPTURE:
             # The whole capture from its file header (an appended tail has none), of which this task
             # decodes the frames that start in its range.
             data = read_piece(row["path"], 0, row["file_end"], row["sha256"])
@@ -172,11 +186,16 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
     except OSError as error:
         return _unread(row, rules, f"{UNREADABLE}: {error.strerror or type(error).__name__}")
     try:
-        parsed = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"], settings=settings,
-                             own=own).cast(PARSED_SCHEMA)
+        if row["format"] == FLOWS:
+            telemetry = read_telemetry(files, TelemetryState.from_json(rules.flow_states.get(row["source"])),
+                                       source=row["source"], rules=_telemetry_rules(settings, row["source"]))
+            parsed = telemetry.parsed.cast(PARSED_SCHEMA)
+        else:
+            parsed = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"],
+                                 settings=settings, own=own).cast(PARSED_SCHEMA)
     except Exception as error:  # noqa: BLE001 - a reader's failure on hostile bytes must not stop the batch
         parsed = unreadable_chunk(row, error)
-    del data
+    data = files = None
     code = fates(parsed, rules)
     parts = split_by_fate(parsed, rules, code)
     packets = parts["packets"].append_column("batch_id", pa.repeat(pa.scalar(rules.batch_id, pa.int64()),
@@ -192,6 +211,11 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
     _save(rules, "hourly", row["chunk"], hourly_parts(packets))
     _save(rules, "panes", row["chunk"], pane_parts(packets))
     _save(rules, "rejects", row["chunk"], parts["rejects"])
+    _save(rules, "lost", row["chunk"], telemetry.lost if telemetry else LOST_SCHEMA.empty_table())
+    _save(rules, "telemetry", row["chunk"], pa.table(
+        {"source": [row["source"]], "state": [json.dumps(telemetry.state.to_json())],
+         "skipped": [json.dumps(telemetry.skipped)]}, schema=TELEMETRY_STATE) if telemetry else
+        TELEMETRY_STATE.empty_table())
     # What the driver needs for the history bound: the newest record the bound is measured from
     # (not rejected, not too far in the future) and the oldest record the bound could reject.
     # (On the first pass, judged without a history floor, no record is too old yet.)
@@ -206,13 +230,19 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
 
 def _unread(row: dict, rules: Rules, problem: str) -> dict:
     """The outcome of a chunk whose planned bytes could not be read: empty parts, and why."""
-    for what in ("summary", "hourly", "panes", "rejects"):
+    for what in ("summary", "hourly", "panes", "rejects", "lost", "telemetry"):
         _save(rules, what, row["chunk"], _PARTS[what].empty_table())
     return {"chunk": row["chunk"], "attempt": rules.attempt, "newest": None, "oldest": None, "problem": problem}
 
 
 def _save(rules: Rules, what: str, chunk: int, table: pa.Table) -> None:
     save_part(rules.scratch, what, chunk, rules.attempt, table)
+
+
+def _telemetry_rules(settings, source: str) -> TelemetryRules:
+    return TelemetryRules(local_networks=tuple(settings.local_networks), keep_transit=settings.keep_transit,
+                          sampling_rate=settings.sampling_rates.get(source),
+                          template_wait_us=int(settings.template_wait.total_seconds() * 1_000_000))
 
 
 def task_function(rules: Rules, chunk_rows: list[dict]):

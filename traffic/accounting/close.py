@@ -26,7 +26,7 @@ from traffic.runtime import jvm
 from traffic.storage import state as st
 from traffic.accounting.bills import due_periods, store_bills
 from traffic.core.periods import (PUBLISHED, closed_hours, day_start, days_due, expiry_cutoff,
-                                  days_between, days_of_month, expected_sources_window, hours_between, hours_of_day,
+                                  days_between, days_of_month, expected_sources_window, hour_floor, hours_between, hours_of_day,
                                   is_published, month_start, months_due, next_month, panes_of, period_end,
                                   retention_floor, starts)
 from traffic.storage.delta import Warehouse
@@ -299,20 +299,23 @@ def _ledger_frame(rows: list[dict]):
 
     columns = ["grain", "period_start", "bytes", "packets", "late_bytes", "late_packets", "sources_reporting",
                "sources_expected", "panes_active", "table_bytes", "table_packets", "source_bytes", "source_packets",
-               "parts_bytes", "late_kept_bytes", "rows_differing", "panes_bytes", "panes_packets",
+               "parts_bytes", "late_kept_bytes", "rows_differing", "panes_bytes", "panes_packets", "lost",
                "seconds_past_start", "sources_ahead"]
     records = []
     for r in rows:
+        estimated, total = r.get("estimated_bytes") or 0, r.get("bytes") or 0
         start = r["period_start"]
         aligned = {"hour": start.replace(minute=0, second=0, microsecond=0),
                    "day": start.replace(hour=0, minute=0, second=0, microsecond=0),
                    "month": start.replace(day=1, hour=0, minute=0, second=0, microsecond=0)}.get(r["grain"], start)
         records.append({**{c: r.get(c) for c in columns},
-                        "seconds_past_start": int((start - aligned).total_seconds())})
+                        "seconds_past_start": int((start - aligned).total_seconds()),
+                        "estimated_share": estimated / total if total else (0 if not estimated else 2)})
     frame = pd.DataFrame.from_records(records, columns=columns)
     for name in columns[2:-1]:
         frame[name] = frame[name].astype("Int64")
     frame["sources_ahead"] = frame["sources_ahead"].astype("object")
+    frame["estimated_share"] = pd.Series([r["estimated_share"] for r in records], dtype="float64")
     return frame
 
 
@@ -347,6 +350,7 @@ class _Recomputed:
     differing: dict[datetime, int]
     packets: object
     cached: tuple = ()
+    estimated: dict = field(default_factory=dict)  # per hour, bytes estimated from samples
 
 
 def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None,
@@ -381,8 +385,8 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None,
     pane_sums = _arrow_sums(warehouse.table("panes").read_arrow(keys=busy_hours, columns=["hour", "bytes", "packets"]),
                             "hour")
 
-    late = warehouse.table("late_packets").read_arrow(keys=hours, columns=["hour", "bytes"])
-    late_totals = _arrow_sums(late, "hour", counted=None)
+    late = warehouse.table("late_packets").read_arrow(keys=hours, columns=["hour", "bytes", "packets"])
+    late_totals = _arrow_sums(late.set_column(2, "packets", parts.weights(late)), "hour")
     late_kept = _late_kept(warehouse, hours)
     completeness = _completeness(warehouse, hours)
     history = st.watermark_history(warehouse)
@@ -390,12 +394,13 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None,
     rows = []
     for hour in hours:
         late_bytes, late_packets = late_totals.get(hour, (0, 0))
-        reporting, expected, active = completeness[hour]
+        reporting, expected, active, lost = completeness[hour]
         table_bytes, table_packets = stored.get(hour, (0, 0))
         source_bytes, source_packets = totals.raw.get(hour, (0, 0))
         rows.append({
             **_ledger_row("hour", hour, (table_bytes, table_packets), (late_bytes, late_packets),
-                          (reporting, expected, active), st.closed_at(history, period_end(hour, "hour")), restated),
+                          (reporting, expected, active), st.closed_at(history, period_end(hour, "hour")), restated,
+                          lost=lost, estimated_bytes=totals.estimated.get(hour, 0)),
             # reconciliation (checked by the `periods` suite, not stored)
             "table_bytes": table_bytes, "table_packets": table_packets,
             "source_bytes": source_bytes, "source_packets": source_packets,
@@ -453,7 +458,10 @@ def recompute_arrow(warehouse: Warehouse, hours: list[datetime]) -> _Recomputed:
     return _Recomputed(job.hourly, job.panes, {h: tuple(v) for h, v in _arrow_sums(raw, "hour").items()},
                        {_utc_hour(h): n for h, n in zip(differing.column("hour").to_pylist(),
                                                         differing.column("n").to_pylist())},
-                       packets.read(keys=hours))
+                       packets.read(keys=hours),
+                       estimated={h: v[0] for h, v in _arrow_sums(raw.select(["hour", "estimated_bytes"])
+                                                                  .rename_columns(["hour", "bytes"]), "hour",
+                                                                  counted=None).items()})
 
 
 def recompute_spark(warehouse: Warehouse, hours: list[datetime]) -> _Recomputed:
@@ -467,11 +475,13 @@ def recompute_spark(warehouse: Warehouse, hours: list[datetime]) -> _Recomputed:
     final = T.hourly_totals(packets, "final").persist()
     # Built-in check: the open rows the micro-batches maintained equal the totals recomputed from raw detail.
     differing = spark_rows_differing(final, warehouse.table("hourly").read(keys=hours))
-    raw = {_utc_hour(k): (int(v["bytes"] or 0), int(v["packets"]))
-           for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
+    sampled = F.when(F.coalesce(F.col("sampling_rate"), F.lit(1)) > 1, F.col("bytes")).otherwise(F.lit(0))
+    sums = _sums(packets, "hour", [F.sum(T.weight()).alias("packets"), F.sum(sampled).alias("estimated")])
+    raw = {_utc_hour(k): (int(v["bytes"] or 0), int(v["packets"])) for k, v in sums.items()}
     # The hour's final panes, from the same raw detail, attributed with the mapping in force at each pane.
     final_panes = P.pane_totals(packets, P.Mapping.of(warehouse.settings.accounts_file), "final").persist()
-    return _Recomputed(final, final_panes, raw, differing, packets, (packets, final, final_panes))
+    return _Recomputed(final, final_panes, raw, differing, packets, (packets, final, final_panes),
+                       estimated={_utc_hour(k): int(v["estimated"] or 0) for k, v in sums.items()})
 
 
 def spark_rows_differing(final, open_rows) -> dict[datetime, int]:
@@ -499,15 +509,19 @@ def spark_rows_differing(final, open_rows) -> dict[datetime, int]:
             joined.groupBy("hour").agg(F.sum(rows).alias("n")).where(F.col("n") > 0).collect()}
 
 
-def _completeness(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime, tuple[int, int, int]]:
-    """(sources_reporting, sources_expected, panes_active) per hour, from ``source_panes``."""
+def _completeness(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime, tuple[int, int, int, int]]:
+    """(sources_reporting, sources_expected, panes_active, lost) per hour, from ``source_panes``; ``lost``
+    is the export sequence units flow sources lost in the hour (DESIGN §7a)."""
     settings = warehouse.settings
     lo, hi = expected_sources_window(hours[0])[0], expected_sources_window(hours[-1])[1]
     panes = st.rows(warehouse.table("source_panes").read_arrow(key_min=lo, key_max=hi,
-                                                               columns=["source", "pane_start"]))
+                                                               columns=["source", "pane_start", "lost"]))
     by_pane: dict[datetime, set[str]] = {}
+    lost_by_hour: dict[datetime, int] = {}
     for p in panes:
         by_pane.setdefault(p["pane_start"], set()).add(p["source"])
+        if p["lost"]:
+            lost_by_hour[hour_floor(p["pane_start"])] = lost_by_hour.get(hour_floor(p["pane_start"]), 0) + p["lost"]
     result = {}
     starts = sorted(by_pane)
     for hour in hours:
@@ -521,7 +535,7 @@ def _completeness(warehouse: Warehouse, hours: list[datetime]) -> dict[datetime,
             window = starts[bisect_left(starts, first):bisect_left(starts, end)]
             expected = set().union(*[by_pane[pane] for pane in window])
         active = sum(1 for pane in panes_of(hour) if expected <= by_pane.get(pane, set()))
-        result[hour] = (len(reporting), len(expected), active)
+        result[hour] = (len(reporting), len(expected), active, lost_by_hour.get(hour, 0))
     return result
 
 
@@ -531,6 +545,8 @@ def _children_summary(ledger_rows: list[dict]) -> dict:
         "late_packets": sum(r["late_packets"] for r in ledger_rows),
         "sources_expected": max((r["sources_expected"] for r in ledger_rows), default=0),
         "panes_active": sum(r["panes_active"] for r in ledger_rows),
+        "lost": sum(r.get("lost") or 0 for r in ledger_rows),
+        "estimated_bytes": sum(r.get("estimated_bytes") or 0 for r in ledger_rows),
     }
 
 
@@ -593,7 +609,7 @@ def roll_up_days(warehouse: Warehouse, days: list[date], frozen_now=frozenset(),
         raw = {}
         if present:
             packets = warehouse.table("packets").read(keys=present)
-            raw = {_utc_hour(k): v for k, v in _sums(packets, "hour", [F.count(F.lit(1)).alias("packets")]).items()}
+            raw = {_utc_hour(k): v for k, v in _sums(packets, "hour", [F.sum(T.weight()).alias("packets")]).items()}
         late_kept = _late_kept(warehouse, recheck)
         view = []
         for h in recheck:
@@ -672,7 +688,8 @@ def _rolled_up_row(warehouse: Warehouse, grain: str, start: datetime, end: datet
     return {
         **_ledger_row(grain, start, stored, (children["late_bytes"], children["late_packets"]),
                       (reporting, children["sources_expected"], children["panes_active"]),
-                      st.closed_at(history, end), restated),
+                      st.closed_at(history, end), restated, lost=children["lost"],
+                      estimated_bytes=children["estimated_bytes"]),
         "table_bytes": table_bytes, "table_packets": table_packets,
         "source_bytes": int(source["bytes"]) if source else 0,
         "source_packets": int(source["packets"]) if source else 0,
@@ -681,16 +698,20 @@ def _rolled_up_row(warehouse: Warehouse, grain: str, start: datetime, end: datet
 
 
 def _ledger_row(grain: str, start: datetime, totals: tuple[int, int], late: tuple[int, int],
-                completeness: tuple[int, int, int], closed_at: datetime | None, restated: str | None) -> dict:
+                completeness: tuple[int, int, int], closed_at: datetime | None, restated: str | None,
+                lost: int = 0, estimated_bytes: int = 0) -> dict:
     """A period's ledger row (DESIGN §6), its verdict still to be set from its checks (``_judge``).
 
     ``totals`` are the (bytes, packets) of the period's final rows as stored, ``late`` its late
-    (bytes, packets) so far, ``completeness`` (sources reporting, sources expected, panes active).
+    (bytes, packets) so far, ``completeness`` (sources reporting, sources expected, panes active);
+    ``lost`` the export sequence units flow sources lost, ``estimated_bytes`` the bytes estimated
+    from sampled records (DESIGN §7a).
     """
     return {"grain": grain, "period_start": start, "bytes": totals[0], "packets": totals[1],
             "late_bytes": late[0], "late_packets": late[1], "sources_reporting": completeness[0],
             "sources_expected": completeness[1], "panes_active": completeness[2],
-            "closed_at_watermark": closed_at, "dq_status": None, "restated": restated, "dq_note": None}
+            "closed_at_watermark": closed_at, "dq_status": None, "restated": restated, "dq_note": None,
+            "lost": lost, "estimated_bytes": estimated_bytes}
 
 
 def _judge(check, rows: list[dict]) -> list[str]:

@@ -26,18 +26,23 @@ from traffic.accounting.parts import (
     DIFFERING,
     HOURLY_PARTS,
     RAW_SUMS,
+    estimated_bytes,
     file_part,
     group_sums,
     hourly_parts,
     pane_parts,
     save_part,
     sum_hourly,
+    weights,
 )
 from traffic.storage.delta import write_staged
+from traffic.storage.schemas import arrow_schema
 from traffic.accounting.panes import attributed_parts, sum_pane_rows
 
 #: The raw columns a freeze reads.
-COLUMNS = ["ts", "hour", "source", "local_ip", "remote_ip", "bytes", "direction"]
+#: Raw files written before a column existed read it as null (a null weight is 1 packet).
+_RAW_SCHEMA = arrow_schema("packets")
+COLUMNS = ["ts", "hour", "source", "local_ip", "remote_ip", "bytes", "direction", "packets", "sampling_rate"]
 OUTCOME = pa.schema([("task", pa.int32()), ("rows", pa.int64())])
 OUTCOME_DDL = "task int, rows long"
 T = TypeVar("T")
@@ -76,7 +81,8 @@ def share_out(items: Iterable[tuple[T, int]], tasks: int) -> list[list[T]]:
 
 def sum_raw(parts: pa.Table) -> pa.Table:
     """Per-hour raw Σ bytes and rows from several parts."""
-    return group_sums(parts, ["hour"], {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")}, RAW_SUMS)
+    return group_sums(parts, ["hour"], {"bytes": ("bytes", "sum"), "packets": ("packets", "sum"),
+                                        "estimated_bytes": ("estimated_bytes", "sum")}, RAW_SUMS)
 
 
 def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
@@ -84,8 +90,11 @@ def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
 
 
 def raw_sums(packets: pa.Table) -> pa.Table:
-    """Per-hour Σ bytes and rows of raw detail."""
-    return group_sums(packets, ["hour"], {"bytes": ("bytes", "sum"), "packets": ([], "count_all")}, RAW_SUMS)
+    """Per-hour Σ bytes and packet weights of raw detail, and the bytes estimated from samples."""
+    table = pa.table({"hour": packets.column("hour"), "bytes": packets.column("bytes"), "weight": weights(packets),
+                      "estimated": estimated_bytes(packets)})
+    return group_sums(table, ["hour"], {"bytes": ("bytes", "sum"), "packets": ("weight", "sum"),
+                                        "estimated_bytes": ("estimated", "sum")}, RAW_SUMS)
 
 
 def rows_differing(final: pa.Table, open_rows: pa.Table) -> pa.Table:
@@ -126,7 +135,7 @@ def freeze_hour(hour: Hour, job: Job, part: str) -> tuple[pa.Table, pa.Table, in
     parts: dict[str, list[pa.Table]] = {"hourly": [], "accounts": [], "raw": []}
     rows = 0
     for path in hour.packets:
-        packets = pq.read_table(path, columns=COLUMNS)
+        packets = pq.read_table(path, columns=COLUMNS, schema=_RAW_SCHEMA)
         rows += packets.num_rows
         parts["hourly"].append(hourly_parts(packets))
         parts["accounts"].append(attributed_parts(pane_parts(packets), job.mapping))

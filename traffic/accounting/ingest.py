@@ -26,6 +26,7 @@ from traffic.core.clock import ClockState, advance
 from traffic.core.periods import from_micros, future_limit, history_floor, hour_floor, hours_between, micros, month_start
 from traffic.core.settings import Settings
 from traffic.io import inbox as inbox_mod
+from traffic.io.readers import FLOWS
 from traffic.runtime import jvm
 from traffic.runtime.spark import task_slots
 from traffic.storage import state as st
@@ -55,6 +56,7 @@ class BatchResult:
     watermark_before: datetime | None = None
     watermark_after: datetime | None = None
     resumed: bool = False
+    skipped: dict = field(default_factory=dict)  # flow telemetry that is not traffic, by kind
     seconds: dict = field(default_factory=dict)
 
     @property
@@ -72,11 +74,14 @@ def plan_batch(settings: Settings, warehouse: Warehouse) -> dict | None:
     if not planned:
         return None
     before = st.read_clock_state(warehouse)
+    telemetry = {f.source for f in planned if f.format == FLOWS and f.status in inbox_mod.TO_READ}
     return {
         "batch_id": st.last_batch_id(warehouse) + 1,
         "started_at": datetime.now(UTC).isoformat(),
         "now": settings.processing_now().isoformat(),
         "state_before": st.state_to_json(before),
+        # Journaled with the plan, so a batch run again decodes with the templates it first had.
+        "flow_state": st.read_flow_states(warehouse, telemetry),
         "files": [asdict(f) for f in planned],
     }
 
@@ -92,7 +97,8 @@ def cutting(settings: Settings) -> inbox_mod.Cutting:
     """How this warehouse's batches cut files into parse tasks (``inbox.survey``)."""
     return inbox_mod.Cutting(split_bytes=settings.split_bytes, parallelism=settings.shuffle_partitions,
                              slots=task_slots(settings),
-                             partial_line_grace=settings.partial_line_grace.total_seconds())
+                             partial_line_grace=settings.partial_line_grace.total_seconds(),
+                             telemetry_sources=frozenset(settings.telemetry_sources))
 
 
 def _chunks(plan: dict, how: inbox_mod.Cutting) -> list[dict]:
@@ -103,8 +109,12 @@ def _chunks(plan: dict, how: inbox_mod.Cutting) -> list[dict]:
     """
 
     rows = []
+    telemetry: dict[str, list[dict]] = {}
     for f in plan["files"]:
         if f["status"] not in inbox_mod.TO_READ:
+            continue
+        if f["format"] == FLOWS:
+            telemetry.setdefault(f["source"], []).append(f)
             continue
         problem = None
         if "pieces" not in f:
@@ -119,6 +129,14 @@ def _chunks(plan: dict, how: inbox_mod.Cutting) -> list[dict]:
             rows.append({"chunk": len(rows), "path": f["path"], "source": f["source"], "name": f["name"],
                          "format": f["format"], "start": start, "end": end, "sha256": digest,
                          "header": f.get("header", ""), "file_end": f["size"], "problem": problem})
+    # A source's telemetry files are one task, read in the order they were written: a template sent
+    # in one file decodes the data of the next (DESIGN §7a). All of them count, or none.
+    for source, files in sorted(telemetry.items()):
+        files = sorted(files, key=lambda f: f["name"])
+        rows.append({"chunk": len(rows), "path": files[0]["path"], "source": source, "name": files[0]["name"],
+                     "format": FLOWS, "start": 0, "end": 0, "sha256": "", "header": "", "file_end": 0,
+                     "problem": None, "files": [{k: f[k] for k in ("path", "name", "start", "size", "sha256")}
+                                                for f in files]})
     return rows
 
 
@@ -176,13 +194,18 @@ def _leave_out_unread(outcomes: dict[int, dict], chunk_rows: list[dict], staged:
     Returns {path: problem}; the file's other chunks lose their outcome and their staged files.
     """
 
-    unread = {chunk_rows[c]["path"]: o["problem"] for c, o in outcomes.items() if o.get("problem")}
-    for chunk in [c for c in outcomes if chunk_rows[c]["path"] in unread]:
+    unread = {path: o["problem"] for c, o in outcomes.items() if o.get("problem") for path in _paths(chunk_rows[c])}
+    for chunk in [c for c in outcomes if any(path in unread for path in _paths(chunk_rows[c]))]:
         for handle in (staged["packets"], staged["late_packets"]):
             if handle is not None:
                 discard_staged(handle, file_part(chunk, outcomes[chunk]["attempt"]))
         del outcomes[chunk]
     return unread
+
+
+def _paths(chunk_row: dict) -> list[str]:
+    """The files a chunk reads: a piece of one, or all of a source's telemetry files."""
+    return [f["path"] for f in chunk_row["files"]] if chunk_row.get("files") else [chunk_row["path"]]
 
 
 def _unread_note(f: dict, problem: str) -> str:
@@ -262,8 +285,9 @@ class _Read:
 class _Tally:
     """A batch's counts by fate, and the clocks after it."""
 
-    counts: dict[str, int]
-    volume: dict[str, int]
+    counts: dict[str, int]  # rows
+    weights: dict[str, int]  # packets (on time, late)
+    volume: dict[str, int]  # bytes (on time, late)
     on_time_hours: list[datetime]
     before: ClockState
     after: ClockState
@@ -309,7 +333,10 @@ def _read(warehouse: Warehouse, plan: dict, progress) -> _Read:
                         history_floor=None, time_range=time_range,
                         packets=staged["packets"], late_packets=staged["late_packets"], scratch=str(scratch),
                         settings_doc={"local_networks": list(settings.local_networks),
-                                      "keep_transit": settings.keep_transit})
+                                      "keep_transit": settings.keep_transit,
+                                      "sampling_rates": dict(settings.sampling_rates),
+                                      "template_wait": settings.template_wait.total_seconds()},
+                        flow_states=plan.get("flow_state", {}))
         outcomes, unread = _parse(warehouse.spark, chunk_rows, rules, staged, settings.max_history, progress)
         _keep_tasks_done(scratch, outcomes, unread, staged)
     attempts = {chunk: o["attempt"] for chunk, o in outcomes.items()}
@@ -325,7 +352,8 @@ def _read(warehouse: Warehouse, plan: dict, progress) -> _Read:
     changed_summary = pa.table({
         "fate": [B.REJECT] * len(changed), "source": changed_rejects.column("source"),
         "pane": changed_rejects.column("ts"), "records": pa.array([1] * len(changed), pa.int64()),
-        "bytes": pa.array([0] * len(changed), pa.int64()), "max_ts": changed_rejects.column("ts")},
+        "packets": pa.array([0] * len(changed), pa.int64()), "bytes": pa.array([0] * len(changed), pa.int64()),
+        "max_ts": changed_rejects.column("ts")},
         schema=parts.SUMMARY)
     summary = st.rows(parts.combine_summary(pa.concat_tables([parts.read_parts(str(scratch), "summary", attempts),
                                                               changed_summary])))
@@ -336,6 +364,8 @@ def _tally(settings: Settings, plan: dict, summary: list[dict]) -> _Tally:
     """Counts and bytes by fate, and the clocks the batch's records and ticks move (DESIGN §2)."""
     counts = {fate: sum(r["records"] for r in summary if r["fate"] == fate)
               for fate in (B.ON_TIME, B.LATE, B.TICK, B.LATE_TICK, B.REJECT, B.OUTSIDE)}
+    # Packets are weights (a flow share stands for many, DESIGN §7a); records are rows.
+    weights = {fate: sum(r["packets"] for r in summary if r["fate"] == fate) for fate in (B.ON_TIME, B.LATE)}
     volume = {fate: sum(r["bytes"] for r in summary if r["fate"] == fate) for fate in (B.ON_TIME, B.LATE)}
     batch_clocks: dict[str, datetime] = {}
     for r in summary:
@@ -344,8 +374,8 @@ def _tally(settings: Settings, plan: dict, summary: list[dict]) -> _Tally:
     on_time_hours = sorted({hour_floor(r["pane"]) for r in summary if r["fate"] == B.ON_TIME})
     before = st.state_from_json(plan["state_before"])
     after = advance(before, batch_clocks, plan["batch_id"], settings.allowed_lateness, settings.source_timeout,
-                    on_time_hours[0] if on_time_hours else None)
-    return _Tally(counts, volume, on_time_hours, before, after)
+                    on_time_hours[0] if on_time_hours else None, settings.source_lateness)
+    return _Tally(counts, weights, volume, on_time_hours, before, after)
 
 
 def _write_raw(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -> None:
@@ -395,13 +425,21 @@ def _write_hours(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -
         # The panes of the same hours, kept the same way (their freeze recomputes them from raw detail).
         panes.replace(P.pane_rows(pane_parts, mapping, "open", existing=panes.read_arrow(keys=hours, filter=is_open)),
                       keys=hours, txn=txn, op="ingest")
-    _write_panes(warehouse, read.summary, txn, replace_hours=restated)
+    lost = st.rows(parts.read_parts(str(read.scratch), "lost", read.attempts))
+    _write_panes(warehouse, read.summary, txn, replace_hours=restated, lost=lost)
     _grow_late_counters(warehouse, read.summary, txn)
 
 
 def _commit(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -> BatchResult:
     """Write the clocks, then the ``batches`` row: the batch is done once that row exists."""
     txn, counts, volume = (APP, plan["batch_id"]), tally.counts, tally.volume
+    telemetry = st.rows(parts.read_parts(str(read.scratch), "telemetry", read.attempts))
+    skipped: dict[str, int] = {}
+    for row in telemetry:
+        for kind, count in json.loads(row["skipped"]).items():
+            skipped[kind] = skipped.get(kind, 0) + count
+    st.write_flow_states(warehouse, {r["source"]: json.loads(r["state"]) for r in telemetry}, plan["batch_id"],
+                         txn=txn)
     warehouse.table("clocks").overwrite(st.clock_table(tally.after), txn=txn, op="ingest")
     files = read.files
     time_range = tuple(datetime.fromisoformat(t) for t in plan["range"]) if plan.get("range") else None
@@ -411,14 +449,15 @@ def _commit(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -> Bat
         duplicate_files=sum(1 for f in files if f["status"] == inbox_mod.DUPLICATE),
         records_read=sum(counts.values()) - counts[B.OUTSIDE],
         records_skipped=counts[B.OUTSIDE],
-        packets_on_time=counts[B.ON_TIME],
-        packets_late=counts[B.LATE],
+        packets_on_time=tally.weights[B.ON_TIME],
+        packets_late=tally.weights[B.LATE],
         records_rejected=counts[B.REJECT],
         ticks=counts[B.TICK] + counts[B.LATE_TICK],
         bytes_on_time=volume[B.ON_TIME],
         bytes_late=volume[B.LATE],
         watermark_before=tally.before.watermark,
         watermark_after=tally.after.watermark,
+        skipped=skipped,
     )
     batch_row = {
         "batch_id": plan["batch_id"],
@@ -426,6 +465,7 @@ def _commit(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -> Bat
         "records_skipped": counts[B.OUTSIDE],
         "bytes_withdrawn": plan.get("bytes_withdrawn", 0),
         "note": plan.get("restate"),
+        "skipped": json.dumps(skipped, sort_keys=True) if skipped else None,
         "started_at": datetime.fromisoformat(plan["started_at"]),
         "committed_at": datetime.now(UTC),
         "files": [{"name": f["name"], "source": f["source"], "sha256": f["sha256"], "size": f["size"],
@@ -441,8 +481,9 @@ def _commit(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -> Bat
     return result
 
 
-def _write_panes(warehouse: Warehouse, summary: list[dict], txn, replace_hours: list[datetime] = ()) -> None:
-    """Add on-time packets and ticks to ``source_panes`` (per source and 5-minute pane).
+def _write_panes(warehouse: Warehouse, summary: list[dict], txn, replace_hours: list[datetime] = (),
+                 lost: list[dict] = ()) -> None:
+    """Add on-time packets, ticks and lost export datagrams to ``source_panes`` (per source and 5-minute pane).
 
     With ``replace_hours`` (a restatement) the panes of those hours are replaced, not added to.
     """
@@ -452,12 +493,16 @@ def _write_panes(warehouse: Warehouse, summary: list[dict], txn, replace_hours: 
         if r["fate"] not in (ON_TIME, TICK):
             continue
         row = fresh.setdefault((r["source"], r["pane"]), {"source": r["source"], "pane_start": r["pane"],
-                                                          "packets": 0, "bytes": 0, "ticks": 0})
+                                                          "packets": 0, "bytes": 0, "ticks": 0, "lost": 0})
         if r["fate"] == ON_TIME:
-            row["packets"] += r["records"]
+            row["packets"] += r["packets"]
             row["bytes"] += r["bytes"]
         else:
             row["ticks"] += r["records"]
+    for r in lost:
+        row = fresh.setdefault((r["source"], r["pane_start"]), {"source": r["source"], "pane_start": r["pane_start"],
+                                                                "packets": 0, "bytes": 0, "ticks": 0, "lost": 0})
+        row["lost"] += r["lost"]
     if not fresh and not replace_hours:
         return
     table = warehouse.table("source_panes")
@@ -468,7 +513,7 @@ def _write_panes(warehouse: Warehouse, summary: list[dict], txn, replace_hours: 
     for key, row in fresh.items():
         old = merged.get(key)
         if old:
-            row = {**row, **{c: old[c] + row[c] for c in ("packets", "bytes", "ticks")}}
+            row = {**row, **{c: (old[c] or 0) + row[c] for c in ("packets", "bytes", "ticks", "lost")}}
         merged[key] = row
     data = pa.Table.from_pylist(sorted(merged.values(), key=lambda r: (r["pane_start"], r["source"])),
                                 schema=table.arrow_schema)
@@ -483,7 +528,7 @@ def _grow_late_counters(warehouse: Warehouse, summary: list[dict], txn) -> None:
         if r["fate"] == LATE:
             totals = late_by_hour.setdefault(hour_floor(r["pane"]), [0, 0])
             totals[0] += r["bytes"]
-            totals[1] += r["records"]
+            totals[1] += r["packets"]
     if not late_by_hour:
         return
     months = sorted({month_start(h) for h in late_by_hour})

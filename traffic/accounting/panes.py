@@ -27,7 +27,7 @@ from traffic.core.periods import micros
 from traffic.core.accounts import AccountsError
 from traffic.core.settings import SettingsError
 from traffic.core.accounts import NO_ACCOUNTS
-from traffic.accounting.transforms import pane_start
+from traffic.accounting.transforms import pane_start, weight
 
 KEY = ("pane_start", "source", "account", "direction", "mapping_version")
 
@@ -98,7 +98,7 @@ def pane_totals(packets: DataFrame, mapping: Mapping, status: str) -> DataFrame:
     """Per (pane, source, account, direction) totals of ``packets``, with ``status``."""
 
     per_address = packets.groupBy(pane_start().alias("pane_start"), "source", "local_ip", "direction").agg(
-        F.sum("bytes").cast("long").alias("bytes"), F.count(F.lit(1)).cast("long").alias("packets"))
+        F.sum("bytes").cast("long").alias("bytes"), F.sum(weight()).cast("long").alias("packets"))
     attributed = per_address.mapInArrow(
         _attribute(mapping),
         "pane_start timestamp, source string, local_ip string, direction string, bytes long, packets long, "

@@ -16,8 +16,10 @@ _PANE_US = 300_000_000
 
 #: The amounts every per-pair total carries (hourly, daily, monthly rows and their parts).
 AMOUNTS = ("bytes", "packets", "bytes_in", "bytes_out")
+#: Per (fate, source, pane): rows, Σ packet weights (DESIGN §7a: a flow share stands for many packets)
+#: and bytes, newest time.
 SUMMARY = pa.schema([("fate", pa.string()), ("source", pa.string()), ("pane", _TS), ("records", pa.int64()),
-                     ("bytes", pa.int64()), ("max_ts", _TS)])
+                     ("packets", pa.int64()), ("bytes", pa.int64()), ("max_ts", _TS)])
 HOURLY_PARTS = pa.schema([("hour", _TS), ("local_ip", pa.string()), ("remote_ip", pa.string()),
                           ("bytes", pa.int64()), ("packets", pa.int64()), ("bytes_in", pa.int64()),
                           ("bytes_out", pa.int64())])
@@ -31,9 +33,14 @@ DIFFERING = pa.schema([("hour", _TS), ("n", pa.int64())])
 ACCOUNT_PARTS = pa.schema([("pane_start", _TS), ("source", pa.string()), ("account", pa.string()),
                            ("direction", pa.string()), ("mapping_version", pa.string()), ("bytes", pa.int64()),
                            ("packets", pa.int64())])
-#: Per-hour Σ bytes and rows of raw detail (what a freeze task read, for the ledger's reconciliation).
-RAW_SUMS = pa.schema([("hour", _TS), ("bytes", pa.int64()), ("packets", pa.int64())])
-_PARTS = {"summary": SUMMARY, "hourly": HOURLY_PARTS, "panes": PANE_PARTS, "rejects": REJECT_ROWS, "raw": RAW_SUMS,
+#: Per-hour Σ bytes and packets of raw detail (what a freeze task read, for the ledger's reconciliation),
+#: and the bytes estimated from samples (rows with a sampling rate above 1).
+RAW_SUMS = pa.schema([("hour", _TS), ("bytes", pa.int64()), ("packets", pa.int64()), ("estimated_bytes", pa.int64())])
+#: What a telemetry task leaves: its source's state after the batch, and what it skipped (JSON documents).
+TELEMETRY_STATE = pa.schema([("source", pa.string()), ("state", pa.string()), ("skipped", pa.string())])
+#: Export sequence units lost per source and pane (``traffic.io.telemetry.LOST_SCHEMA``).
+LOST = pa.schema([("source", pa.string()), ("pane_start", _TS), ("lost", pa.int64())])
+_PARTS = {"summary": SUMMARY, "lost": LOST, "telemetry": TELEMETRY_STATE, "hourly": HOURLY_PARTS, "panes": PANE_PARTS, "rejects": REJECT_ROWS, "raw": RAW_SUMS,
           "accounts": ACCOUNT_PARTS, "differing": DIFFERING}
 
 
@@ -58,6 +65,22 @@ def group_sums(table: pa.Table, keys: list[str], outputs: dict[str, tuple], sche
     return grouped.select(schema.names).cast(schema) if schema is not None else grouped
 
 
+def weights(packets: pa.Table) -> pa.Array:
+    """How many packets each raw row stands for (DESIGN §7a): its ``packets`` column, 1 where that is
+    null or absent (a packet header; rows written before weights existed)."""
+    if "packets" not in packets.column_names:
+        return pa.repeat(pa.scalar(1, pa.int64()), packets.num_rows)
+    return pc.fill_null(packets.column("packets").cast(pa.int64()), 1)
+
+
+def estimated_bytes(packets: pa.Table) -> pa.Array:
+    """Each row's bytes if they are an estimate from samples (sampling rate above 1), else 0."""
+    if "sampling_rate" not in packets.column_names:
+        return pa.repeat(pa.scalar(0, pa.int64()), packets.num_rows)
+    sampled = pc.fill_null(pc.greater(packets.column("sampling_rate"), 1), False)
+    return pc.if_else(sampled, packets.column("bytes").cast(pa.int64()), pa.scalar(0, pa.int64()))
+
+
 def with_direction_bytes(packets: pa.Table) -> pa.Table:
     """``bytes_in``/``bytes_out`` per packet: known directions only (so in + out <= bytes)."""
     zero = pa.scalar(0, pa.int64())
@@ -70,8 +93,9 @@ def with_direction_bytes(packets: pa.Table) -> pa.Table:
 
 def hourly_parts(packets: pa.Table) -> pa.Table:
     """Per (hour, local_ip, remote_ip) totals of on-time packets."""
-    return group_sums(with_direction_bytes(packets), ["hour", "local_ip", "remote_ip"],
-                      {"bytes": ("bytes", "sum"), "packets": ([], "count_all"), "bytes_in": ("bytes_in", "sum"),
+    table = with_direction_bytes(packets.select(["hour", "local_ip", "remote_ip", "bytes", "direction"]))
+    return group_sums(table.append_column("weight", weights(packets)), ["hour", "local_ip", "remote_ip"],
+                      {"bytes": ("bytes", "sum"), "packets": ("weight", "sum"), "bytes_in": ("bytes_in", "sum"),
                        "bytes_out": ("bytes_out", "sum")}, HOURLY_PARTS)
 
 
@@ -79,9 +103,9 @@ def pane_parts(packets: pa.Table) -> pa.Table:
     """Per (pane, source, local_ip, direction) totals of on-time packets (attributed to accounts later)."""
     table = pa.table({"pane_start": floor_to(packets.column("ts"), _PANE_US), "source": packets.column("source"),
                       "local_ip": packets.column("local_ip"), "direction": packets.column("direction"),
-                      "bytes": packets.column("bytes")})
+                      "bytes": packets.column("bytes"), "weight": weights(packets)})
     return group_sums(table, ["pane_start", "source", "local_ip", "direction"],
-                      {"bytes": ("bytes", "sum"), "packets": ([], "count_all")}, PANE_PARTS)
+                      {"bytes": ("bytes", "sum"), "packets": ("weight", "sum")}, PANE_PARTS)
 
 
 def part_path(scratch: str, what: str, chunk: int, attempt: int) -> Path:
@@ -113,7 +137,8 @@ def read_parts(scratch: str, what: str, attempts: dict[int, int]) -> pa.Table:
 def combine_summary(parts: pa.Table) -> pa.Table:
     """Per (fate, source, pane) summary of the whole batch from the tasks' summaries."""
     return group_sums(parts, ["fate", "source", "pane"],
-                      {"records": ("records", "sum"), "bytes": ("bytes", "sum"), "max_ts": ("max_ts", "max")}, SUMMARY)
+                      {"records": ("records", "sum"), "packets": ("packets", "sum"), "bytes": ("bytes", "sum"),
+                       "max_ts": ("max_ts", "max")}, SUMMARY)
 
 
 def sum_hourly(rows: pa.Table, status: str) -> pa.Table:

@@ -17,12 +17,17 @@ def with_direction_bytes(packets: DataFrame) -> DataFrame:
     )
 
 
+def weight() -> F.Column:
+    """How many packets a raw row stands for (DESIGN §7a); null (a row written before weights) is 1."""
+    return F.coalesce(F.col("packets"), F.lit(1)).cast("long")
+
+
 def hourly_totals(packets: DataFrame, status: str) -> DataFrame:
     """Per (hour, local_ip, remote_ip) totals of packets, with ``status``."""
     return (
         with_direction_bytes(packets)
         .groupBy("hour", "local_ip", "remote_ip")
-        .agg(F.sum("bytes").alias("bytes"), F.count(F.lit(1)).alias("packets"),
+        .agg(F.sum("bytes").alias("bytes"), F.sum(weight()).alias("packets"),
              F.sum("bytes_in").alias("bytes_in"), F.sum("bytes_out").alias("bytes_out"))
         .withColumn("day", F.to_date("hour"))
         .withColumn("status", F.lit(status))

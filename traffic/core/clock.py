@@ -76,8 +76,12 @@ def advance(
     allowed_lateness: timedelta,
     source_timeout: timedelta,
     first_on_time_hour: datetime | None = None,
+    source_lateness: Mapping[str, timedelta] | None = None,
 ) -> ClockState:
     """The state after a batch whose accepted records reached ``batch_clocks`` per source.
+
+    ``source_lateness`` gives a source its own allowed lateness (a flow exporter holds a long flow
+    for up to its active timeout, DESIGN §7a); the others have ``allowed_lateness``.
 
     Decided by the sequence of batches alone (no wall clock), so a replay of the same batches
     gives the same watermarks.
@@ -98,7 +102,8 @@ def advance(
     live = advanced.live_sources(source_timeout)
     if not live:
         return advanced
-    candidate = min(clocks[s] for s in live) - allowed_lateness
+    lateness = source_lateness or {}
+    candidate = min(clocks[s] - lateness.get(s, allowed_lateness) for s in live)
     watermark = candidate if state.watermark is None else max(state.watermark, candidate)
     ahead = dict(state.ahead)
     if watermark != state.watermark:

@@ -119,6 +119,59 @@ def late_mask(ts_us: np.ndarray, watermark_before: datetime | None) -> np.ndarra
     return ts_us // _HOUR_US * _HOUR_US + _HOUR_US <= micros(watermark_before)
 
 
+_PANE_US = 300_000_000
+
+
+def apportion_to_panes(start_us: np.ndarray, end_us: np.ndarray, amounts: list[np.ndarray]
+                       ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """A flow's share of each 5-minute pane it overlaps (§7a), for many flows at once.
+
+    Flow ``i`` lasts ``[start_us[i], end_us[i]]``; each of its ``amounts`` (bytes, packets, ...) is
+    split over the panes the span overlaps in proportion to the overlap, in whole units by the
+    largest remainder (ties: the earlier pane), so the shares of a flow add up exactly to it. A
+    flow that lasts no time, or lies inside one pane, is one share. Returns, per share, the index
+    of its flow, its time (the later of the flow's start and the pane's start: inside the pane)
+    and its amounts; shares of a flow are in time order, and flows in their given order.
+    """
+    start_us, end_us = np.asarray(start_us, np.int64), np.asarray(end_us, np.int64)
+    duration = end_us - start_us
+    first = start_us // _PANE_US
+    # The pane of the flow's last instant: an end exactly on a pane boundary does not reach into the next.
+    last = np.where(duration > 0, (end_us - 1) // _PANE_US, first)
+    count = last - first + 1
+    flow = np.repeat(np.arange(len(start_us)), count)
+    offset = np.arange(len(flow)) - np.repeat(np.cumsum(count) - count, count)
+    pane = (first[flow] + offset) * _PANE_US
+    ts = np.maximum(start_us[flow], pane)
+    single = count[flow] == 1
+    overlap = np.where(single, 1, np.minimum(end_us[flow], pane + _PANE_US) - ts)
+    span = np.where(single, 1, duration[flow])
+    shares = [_largest_remainder(np.asarray(amount, np.int64), flow, overlap, span, count) for amount in amounts]
+    return flow, ts, shares
+
+
+def _largest_remainder(amount: np.ndarray, flow: np.ndarray, overlap: np.ndarray, span: np.ndarray,
+                       count: np.ndarray) -> np.ndarray:
+    """``amount[flow] * overlap / span`` per share, in whole units adding up to each flow's amount."""
+    total = amount[flow]
+    if len(total) and (np.abs(total).max(initial=0) >= (1 << 62) // max(int(overlap.max(initial=1)), 1)):
+        # Products past 64 bits (huge counts over long flows): exact Python integers, rarely needed.
+        product = total.astype(object) * overlap.astype(object)
+        floor = np.array([p // s for p, s in zip(product, span.astype(object))], dtype=object)
+        remainder = np.array([p % s for p, s in zip(product, span.astype(object))], dtype=object)
+        floor, remainder = floor.astype(np.int64), (remainder / span.astype(object)).astype(np.float64)
+    else:
+        product = total * overlap
+        floor, remainder = product // span, (product % span) / span
+    starts = np.cumsum(count) - count  # a flow's shares are contiguous
+    left = amount - np.add.reduceat(floor, starts) if len(amount) else amount
+    # Within each flow, the shares by falling remainder (ties: the earlier pane) get one unit each.
+    order = np.lexsort((np.arange(len(flow)), -remainder, flow))
+    rank = np.empty(len(flow), np.int64)
+    rank[order] = np.arange(len(flow)) - np.repeat(starts, count)
+    return floor + (rank < left[flow])
+
+
 def closed_hours(first_hour: datetime | None, frontier: datetime | None, watermark: datetime | None,
                  until: datetime | None = None) -> list[datetime]:
     """Hours to freeze next, in order: from the freeze frontier (or the first hour) while closed (and ``< until``)."""

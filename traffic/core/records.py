@@ -63,6 +63,10 @@ PARSED_SCHEMA = pa.schema(
         pa.field("reason", pa.string()),
         pa.field("record", pa.string()),
         pa.field("input_file", pa.string()),
+        # How many packets the row stands for and the sampling rate already applied to it (DESIGN
+        # §7a); null is 1, what every reader of packet headers leaves.
+        pa.field("packets", pa.int64()),
+        pa.field("sampling_rate", pa.int32()),
     ]
 )
 

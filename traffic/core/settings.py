@@ -141,6 +141,14 @@ class Settings:
     billing_timezone: str = "UTC"
     billing_unknown_direction: str = "in"
     exporters: Mapping[str, str] = field(default_factory=dict)  # exporter address → source name (``traffic collect``)
+    # Flow telemetry (DESIGN §7a): sources whose captures hold export traffic (a ``.flows.pcap`` file
+    # from ``traffic collect`` is telemetry whatever its source), per-source sampling rates (they
+    # override what exporters say), per-source allowed lateness (≥ the exporter's active timeout),
+    # and how long data waits for its template before it is rejected.
+    telemetry_sources: tuple[str, ...] = ()
+    sampling_rates: Mapping[str, int] = field(default_factory=dict)
+    source_lateness: Mapping[str, timedelta] = field(default_factory=dict)
+    template_wait: timedelta = timedelta(hours=1)
     now: datetime | None = None
     fault_at: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -194,6 +202,10 @@ _PARSERS = {
     "billing_timezone": lambda n, v: _parse_timezone(n, v),
     "billing_unknown_direction": lambda n, v: _choice(n, v, ("in", "out", "both", "ignore")),
     "exporters": lambda n, v: _parse_exporters(n, v),
+    "telemetry_sources": lambda n, v: _parse_list(v),
+    "sampling_rates": lambda n, v: _parse_per_source(n, v, _parse_rate),
+    "source_lateness": lambda n, v: _parse_per_source(n, v, parse_duration),
+    "template_wait": parse_duration,
     "now": parse_time,
     "fault_at": lambda n, v: None if v in (None, "") else str(v),
     "extra": lambda n, v: dict(v),
@@ -261,6 +273,31 @@ def _parse_exporters(name: str, value: Any) -> dict[str, str]:
             raise SettingsError(f"{name}: the source name for {key} ({source!r}) cannot be used: {problem}")
         mapping[key] = source
     return mapping
+
+
+def _parse_per_source(name: str, value: Any, parse) -> dict:
+    """A per-source setting, from a TOML table or ``source=value,…`` text (e.g. ``edge-1=1000``)."""
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        pairs = [item.partition("=")[::2] for item in _parse_list(value)]
+    mapping = {}
+    for source, text in pairs:
+        source = str(source).strip()
+        if not source or source_problem(source):
+            raise SettingsError(f"{name}: {source!r} is not a source name (write source=value, e.g. edge-1=…)")
+        mapping[source] = parse(f"{name}.{source}", text)
+    return mapping
+
+
+def _parse_rate(name: str, value: Any) -> int:
+    try:
+        rate = int(str(value).strip())
+    except ValueError:
+        raise SettingsError(f"{name}: {value!r} is not a whole number (a sampling rate: 1 in N)") from None
+    if not 1 <= rate <= 2**31 - 1:
+        raise SettingsError(f"{name}: {rate} is not a sampling rate (1 in N, N from 1 to 2,147,483,647)")
+    return rate
 
 
 def _parse_timezone(name: str, value: Any) -> str:

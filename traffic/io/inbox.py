@@ -27,7 +27,7 @@ from pathlib import Path
 
 from traffic.io.files import PieceChanged, open_regular
 from traffic.core.records import source_problem
-from traffic.io.readers import CAPTURE, CSV_HEADER, ROUTER_FEED, detect_format
+from traffic.io.readers import CAPTURE, CSV_HEADER, FLOWS, FLOWS_SUFFIX, ROUTER_FEED, detect_format
 
 ACCOUNTED = "accounted"
 DUPLICATE = "duplicate"
@@ -160,6 +160,7 @@ class Cutting:
     parallelism: int = 1
     slots: int = 1
     partial_line_grace: float = 300.0  # seconds a file must stay unchanged before its unterminated line counts
+    telemetry_sources: frozenset = frozenset()  # sources whose captures hold export datagrams (DESIGN §7a)
 
 
 #: A piece is never cut smaller than this (below it, a task's fixed cost dominates).
@@ -195,8 +196,10 @@ def survey(f: InboxFile, cutting: Cutting) -> tuple[InboxFile, str]:
         info = os.fstat(handle.fileno())
         head = handle.read(4096)
         fmt = detect_format(f.name, head)
+        if fmt == CAPTURE and (f.name.lower().endswith(FLOWS_SUFFIX) or f.source in cutting.telemetry_sources):
+            fmt = FLOWS  # one task reads all of a source's telemetry files of a batch, in order (templates)
         end = min(f.size, info.st_size)
-        if fmt != CAPTURE and end > f.start and time.time() - info.st_mtime < cutting.partial_line_grace:
+        if fmt not in (CAPTURE, FLOWS) and end > f.start and time.time() - info.st_mtime < cutting.partial_line_grace:
             end = _after_last_newline(handle, f.start, end)
         cuts = [f.start, end]
         if fmt == CAPTURE and end - f.start >= 2 * MIN_SPLIT_BYTES:
@@ -213,7 +216,7 @@ def survey(f: InboxFile, cutting: Cutting) -> tuple[InboxFile, str]:
             header = handle.read(min(f.start, 1 << 16)).split(b"\n", 1)[0]
         spans = list(zip(cuts, cuts[1:]))
         whole, prefix, *parts = _hash_ranges(handle, [(0, end), (0, f.start), *spans])
-    pieces = tuple((a, b, whole if fmt == CAPTURE else digest) for (a, b), digest in zip(spans, parts))
+    pieces = tuple((a, b, whole if fmt in (CAPTURE, FLOWS) else digest) for (a, b), digest in zip(spans, parts))
     return replace(f, format=fmt, size=end, sha256=whole, pieces=pieces,
                    header=header.decode("utf-8", "replace")), prefix
 

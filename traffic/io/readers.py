@@ -39,6 +39,10 @@ ROUTER_FEED = "router-feed"
 CSV_HEADER = "csv"
 JSON_LINES = "jsonl"
 CAPTURE = "capture"
+#: Flow telemetry: a capture of export datagrams (sFlow, NetFlow, IPFIX), decoded by ``traffic.io.telemetry``.
+FLOWS = "flows"
+#: The name ``traffic collect`` gives its files: telemetry whatever their source.
+FLOWS_SUFFIX = ".flows.pcap"
 
 PACKET_FIELDS = ("ts", "local_ip", "remote_ip", "local_port", "remote_port", "protocol", "bytes", "direction")
 _ROUTER_COLUMNS = ["op_new", "opcode", "ts", "local_ip", "remote_ip", "local_port", "remote_port", "bytes"]

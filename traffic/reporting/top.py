@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from traffic.accounting.parts import weights
 from traffic.core.accounts import NO_ACCOUNTS, load_accounts
 from traffic.core.periods import day_start, hour_ceil, hour_floor, hours_between, is_closed, period_end, retention_floor
 from traffic.storage.delta import Warehouse
@@ -92,12 +93,12 @@ def _raw_part(warehouse: Warehouse, hour: datetime, lo: datetime, hi: datetime, 
     stamp = pa.timestamp("us", tz="UTC")
     address = "local_ip" if key == "account" else key
     packets = warehouse.table("packets").read_arrow(
-        keys=[hour], columns=["ts", address, "bytes", "direction"],
+        keys=[hour], columns=["ts", address, "bytes", "direction", "packets"],
         filter=(ts >= pa.scalar(lo, stamp)) & (ts < pa.scalar(hi, stamp))).combine_chunks()
     keys = packets.column(address)
     if key == "account":
         keys = _accounts_of(warehouse, keys.combine_chunks(), packets.column("ts"))
-    return _sum_by(_by_direction(keys, key, packets.column("bytes"), pa.array([1] * packets.num_rows, pa.int64()),
+    return _sum_by(_by_direction(keys, key, packets.column("bytes"), weights(packets),
                                  packets.column("direction")), key)
 
 

@@ -30,6 +30,7 @@ TABLES = (
     "dq_results",
     "panes",
     "bills",
+    "flow_state",
 )
 
 _ARROW_TYPES = {

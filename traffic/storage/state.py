@@ -6,6 +6,7 @@ These are tiny (a row per source, per batch, per closed period), so they never n
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_left
 from datetime import datetime, timedelta, timezone
 
@@ -170,3 +171,25 @@ def write_ledger_rows(warehouse: Warehouse, changed: list[dict], txn=None, op: s
     ordered = sorted(merged.values(), key=lambda r: (r["period_start"], r["grain"]))
     data = pa.Table.from_pylist(ordered, schema=table.arrow_schema)
     return table.replace(data, keys=keys, txn=txn, op=op)
+
+
+def read_flow_states(warehouse: Warehouse, sources) -> dict[str, dict]:
+    """The flow telemetry state each of ``sources`` left (DESIGN §7a), as JSON documents; none if never seen."""
+    wanted = set(sources)
+    if not wanted:
+        return {}
+    table = warehouse.table("flow_state").read_arrow(columns=["source", "state"])
+    return {s: json.loads(doc) for s, doc in zip(table.column("source").to_pylist(), table.column("state").to_pylist())
+            if s in wanted and doc}
+
+
+def write_flow_states(warehouse: Warehouse, states: dict[str, dict], batch_id: int, txn=None, op: str = "ingest"
+                      ) -> bool:
+    """Replace the states of these sources (the others stay), in one commit."""
+    if not states:
+        return False
+    table = warehouse.table("flow_state")
+    kept = [r for r in rows(table.read_arrow()) if r["source"] not in states]
+    fresh = [{"source": s, "state": json.dumps(doc, sort_keys=True), "batch_id": batch_id}
+             for s, doc in sorted(states.items())]
+    return table.overwrite(pa.Table.from_pylist(kept + fresh, schema=table.arrow_schema), txn=txn, op=op)
