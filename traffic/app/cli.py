@@ -186,6 +186,10 @@ def cmd_status(args, settings, spark) -> int:
         print(f"last closed {grain:<5} {info['last_closed'].get(grain) or '-'}")
     if info["pending_batch"]:
         print(f"pending     batch {info['pending_batch']} was interrupted; the next ingest or close finishes it")
+    if info.get("telemetry"):
+        flows = info["telemetry"]
+        print(f"flows       last {flows['hours']} closed hours: {flows['estimated_share']:.1%} of bytes estimated "
+              f"from samples; {flows['lost']:,} export sequence units lost in {flows['hours_with_losses']} hour(s)")
     print("tables      " + ", ".join(f"{t} v{v}" for t, v in info["versions"].items()))
     for warning in info["warnings"]:
         print(f"warning     {printable(warning)}")
@@ -356,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[common], help="watermark, clocks, open hours, last closed periods")
     status.add_argument("--json", action="store_true")
     show = sub.add_parser("show", parents=[common], help="print a table")
-    show.add_argument("what", choices=["hourly", "daily", "monthly", "periods", "late", "rejects", "batches",
+    show.add_argument("what", choices=["hourly", "daily", "monthly", "periods", "late", "rejects", "batches", "sources",
                                        "account-daily", "account-monthly"])
     show.add_argument("--from", help="first period (ISO date or time)")
     show.add_argument("--to", help="end of the range, exclusive (ISO date or time)")

@@ -227,6 +227,9 @@ class Collector:
         self._stopping = False
         self._metrics_server = None
         self._period = self._period_of(time.time())
+        #: Added to every receive time. Zero for a real collector; ``traffic demo`` drives a collector
+        #: in-process (``drain``/``complete``) and shifts it so its live datagrams land in its sample's past.
+        self.clock_offset_us = 0
 
     # -- start --------------------------------------------------------------------------------------
     def start(self) -> "Collector":
@@ -345,6 +348,20 @@ class Collector:
                 self.log("collect: " + self._summary(counts, last_counts, now - last_log))
                 last_log, last_counts, next_log = now, counts, now + options.log_every
 
+    def drain(self) -> int:
+        """Take every datagram waiting on every socket now, without blocking (for a collector driven
+        in-process instead of by ``serve``); returns the datagrams received so far."""
+        for listener in self.listeners:
+            before = -1
+            while self.totals()[0] != before:
+                before = self.totals()[0]
+                self._drain(listener)
+        return self.totals()[0]
+
+    def complete(self) -> None:
+        """Flush and complete every open file now (as at the end of a rotation period)."""
+        self._rotate()
+
     def _drain(self, listener: _Listener) -> None:
         """Take up to ``_BATCH`` datagrams waiting on one socket."""
         recv, buffers, view = listener.sock.recvmsg_into, [self._buffer], self._view
@@ -364,7 +381,7 @@ class Collector:
                     target = socket.inet_ntop(socket.AF_INET, data[8:12])
                 elif level == socket.IPPROTO_IPV6 and kind == _IPV6_PKTINFO:
                     target = socket.inet_ntop(socket.AF_INET6, data[:16])
-            ts_us = ts_us or time.time_ns() // 1000
+            ts_us = (ts_us or time.time_ns() // 1000) + self.clock_offset_us
             exporter = exporters.get(sender[0]) or self._exporter(sender[0])
             exporter.last_seen_us = ts_us
             if size > MAX_DATAGRAM or flags & _MSG_TRUNC:

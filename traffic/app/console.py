@@ -29,6 +29,9 @@ def print_batch(result) -> None:
           f"{result.records_rejected:,} rejected, {result.ticks:,} ticks"
           + (f", {result.duplicate_files} duplicate file(s) ignored" if result.duplicate_files else ""))
     print(f"        watermark {fmt_ts(result.watermark_before)} → {fmt_ts(result.watermark_after)}")
+    if getattr(result, "skipped", None):
+        print("        flow telemetry skipped (not traffic): "
+              + ", ".join(f"{count:,} {printable(kind)}" for kind, count in sorted(result.skipped.items())))
 
 
 def print_close(result) -> None:

@@ -1,9 +1,11 @@
 """``traffic demo``: realistic sample traffic through the whole pipeline, then what a person wants to see.
 
 The sample spans 2026-10-31 20:00 → 2026-11-02 02:00 UTC (a day change and a month change)
-from three sources: ``edge-a`` (router-feed CSV), ``edge-b`` (JSON lines with directions)
-and ``quiet`` (clock ticks only). Deliveries arrive every few hours of event time; one of
-them carries late records for a closed hour, bad lines and a re-delivered file.
+from four sources: ``edge-a`` (router-feed CSV), ``edge-b`` (JSON lines with directions),
+``quiet`` (clock ticks only) and ``router`` (flow telemetry: IPFIX flows and sFlow samples sent
+over UDP to a ``traffic collect`` on 127.0.0.1, ``traffic.app.demo_telemetry``). Deliveries
+arrive every few hours of event time; one of them carries late records for a closed hour, bad
+lines and a re-delivered file.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from traffic.core.settings import Settings
 UTC = timezone.utc
 START = datetime(2026, 10, 31, 20, tzinfo=UTC)
 END = datetime(2026, 11, 2, 2, tzinfo=UTC)
+DEMO_NETWORKS = ("192.0.2.0/24", "2001:db8:100::/48")
 LOCAL_HOSTS = [f"192.0.2.{i}" for i in range(10, 30)] + ["2001:db8:100::10", "2001:db8:100::11"]
 REMOTE_V4 = [f"198.51.100.{i}" for i in range(1, 40)] + [f"203.0.113.{i}" for i in range(1, 20)]
 REMOTE_V6 = ["2001:db8:beef::1", "2001:db8:beef::2", "2001:db8:cafe::53"]
@@ -87,19 +90,26 @@ def run_demo(settings: Settings, spark, base: Path, ingest, close, progress=prin
     from traffic.app.console import print_batch, print_close  # deferred: with the report, only when the demo runs
     from traffic.reporting.report import show, status  # deferred: see above
 
+    from traffic.app.demo_telemetry import SFLOW_RATE, Router  # deferred: the collector, only when the demo runs
+
     base = base.absolute()
     if base.exists():
         shutil.rmtree(base)
     inbox = settings.inbox
     inbox.mkdir(parents=True)
-    print(f"demo: sample traffic {START:%Y-%m-%d %H:%M} → {END:%Y-%m-%d %H:%M} UTC from edge-a, edge-b, quiet")
+    # The sample's own networks (flows and samples are oriented by them), unless the settings name some.
+    settings = settings.replace(local_networks=settings.local_networks or DEMO_NETWORKS)
+    print(f"demo: sample traffic {START:%Y-%m-%d %H:%M} → {END:%Y-%m-%d %H:%M} UTC from edge-a, edge-b, quiet "
+          f"and router (IPFIX and sFlow 1 in {SFLOW_RATE} over UDP to traffic collect on 127.0.0.1)")
     print(f"demo: inbox {inbox}\ndemo: warehouse {settings.warehouse}\n")
+    router = Router(inbox, LOCAL_HOSTS, REMOTE_V4)
     edges = hours_between(START, period_end(END, "hour"))[::5]  # a delivery every 5 hours
     if edges[-1] != END:
         edges.append(END)
     failed = False
     for number, (a, b) in enumerate(zip(edges, edges[1:]), start=1):
         generate(inbox, a, b)
+        router.deliver(a, b, random.Random(f"router-{a.isoformat()}"))
         if number == 3:
             add_trouble(inbox, START + timedelta(hours=1))
         print(f"delivery {number}: {a:%m-%d %H:%M} → {b:%m-%d %H:%M}")
@@ -107,10 +117,16 @@ def run_demo(settings: Settings, spark, base: Path, ingest, close, progress=prin
         result = close(settings, spark, None, progress)
         print_close(result)
         failed = failed or bool(result.failed)
+    router.close()
     info = status(settings)
     print(f"\nwatermark {info['watermark']:%Y-%m-%d %H:%M}; last closed day {info['last_closed']['day']}, "
           f"month {info['last_closed']['month']}; open hours: {', '.join(info['open_hours']) or 'none'}")
+    if info.get("telemetry"):
+        flows = info["telemetry"]
+        print(f"flow telemetry: {flows['estimated_share']:.1%} of the last {flows['hours']} closed hours' bytes are "
+              f"estimates from sFlow samples; {flows['lost']:,} export datagrams lost")
     for title, what, top in (("Monthly totals (top pairs)", "monthly", 5), ("Daily totals (top pairs)", "daily", 8),
+                             ("Sources (5-minute panes with data or ticks, packets, bytes, ticks, lost)", "sources", 8),
                              ("Ledger: closed days and months", "periods", 50), ("Late records", "late", 5),
                              ("Rejected records", "rejects", 10)):
         text = show(settings, what, None, None, top)

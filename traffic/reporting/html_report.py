@@ -22,7 +22,7 @@ from traffic.storage.delta import StorageError, Warehouse
 from traffic.quality.suites import docs_pages, period_label, reports_dir
 from traffic.reporting.html import CSS, human_bytes, number_cell as _num
 from traffic.reporting.html import escape as _e
-from traffic.reporting.report import clock_warnings
+from traffic.reporting.report import clock_warnings, telemetry_health
 from traffic.core.settings import Settings
 from traffic.reporting.html_bills import write_bill_pages
 from traffic.reporting.top import TopError, top_talkers
@@ -193,6 +193,17 @@ def completeness_strip(hours: list[dict], width: int = 960) -> str:
     return "".join(parts)
 
 
+def _telemetry_card(ledger: list[dict]) -> str:
+    """A card for flow telemetry (DESIGN §7a), when a source sampled or lost anything in the last day."""
+    health = telemetry_health(ledger)
+    if health is None:
+        return ""
+    return (f'<div class="card" id="telemetry"><b data-estimated-share="{health["estimated_share"]:.6f}">'
+            f'{health["estimated_share"]:.1%}</b><span>of bytes estimated from samples (last {health["hours"]} '
+            f'closed hours); <span data-lost="{health["lost"]}">{health["lost"]:,}</span> export sequence units '
+            f'lost in {health["hours_with_losses"]} hour(s)</span></div>')
+
+
 def _share_bar(value: int, peak: int) -> str:
     w = int(160 * value / peak) if peak else 0
     return (f'<svg width="164" height="12" xmlns="http://www.w3.org/2000/svg"><rect x="0" y="1" width="{w}" '
@@ -242,7 +253,7 @@ def render(warehouse: Warehouse, generated: datetime, top_last: timedelta = TOP_
                f'<div class="card"><b>' + " ".join(
                    f'<span data-count-{_e(s)}="{statuses.get(s, 0)}">{statuses.get(s, 0)}&nbsp;{_badge(s)}</span>'
                    for s in ("passed", "warning", "failed", "accepted") if statuses.get(s)) +
-               '</b><span>periods by data-quality status</span></div></div>')
+               '</b><span>periods by data-quality status</span></div>' + _telemetry_card(ledger) + '</div>')
     legend = '<div class="legend">' + "".join(
         f'<span><i style="background:{STATUS_COLOURS[s]}"></i>{s}</span>'
         for s in ("passed", "warning", "failed", "accepted")) + '<span><i style="background:#8a8a8a"></i>open / not closed</span></div>'

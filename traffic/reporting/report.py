@@ -51,8 +51,22 @@ def status(settings: Settings) -> dict:
                               for h in open_hours.column("hour").to_pylist()}),
         "last_closed": last,
         "pending_batch": pending["batch_id"] if pending else None,
+        "telemetry": telemetry_health(ledger),
         "versions": {name: warehouse.table(name).version() for name in TABLES},
     }
+
+
+def telemetry_health(ledger: list[dict], hours: int = 24) -> dict | None:
+    """Of the last ``hours`` closed hours: the share of bytes estimated from samples and the export
+    datagrams lost (DESIGN §7a), or None when no flow source ever sampled or lost anything."""
+    recent = sorted((r for r in ledger if r["grain"] == "hour"), key=lambda r: r["period_start"])[-hours:]
+    estimated = sum(r.get("estimated_bytes") or 0 for r in recent)
+    lost = sum(r.get("lost") or 0 for r in recent)
+    if not estimated and not lost:
+        return None
+    total = sum(r["bytes"] or 0 for r in recent)
+    return {"hours": len(recent), "estimated_share": estimated / total if total else 0.0, "lost": lost,
+            "hours_with_losses": sum(1 for r in recent if r.get("lost"))}
 
 
 def clock_warnings(settings: Settings, state: ClockState, ledger: list[dict], open_hours) -> list[str]:
@@ -84,7 +98,8 @@ _VIEWS = {
     "daily": ("daily", "day", ["day", "local_ip", "remote_ip", "bytes", "packets", "bytes_in", "bytes_out"]),
     "monthly": ("monthly", "month", ["month", "local_ip", "remote_ip", "bytes", "packets", "bytes_in", "bytes_out"]),
     "periods": ("periods", "period_start", ["grain", "period_start", "bytes", "packets", "late_bytes", "late_packets",
-                                            "sources_reporting", "sources_expected", "panes_active", "dq_status"]),
+                                            "sources_reporting", "sources_expected", "panes_active", "lost",
+                                            "estimated_bytes", "dq_status"]),
     "late": ("late_packets", "hour", ["ts", "source", "local_ip", "remote_ip", "bytes", "late_reason"]),
     "rejects": ("rejects", "hour", ["batch_id", "source", "input_file", "reason", "record"]),
     "batches": ("batches", None, ["batch_id", "records_read", "packets_on_time", "packets_late", "records_rejected",
@@ -101,6 +116,8 @@ def show(settings: Settings, what: str, start: str | None, end: str | None, top:
         bound = [parse_time("--from/--to", b) if b else None for b in (start, end)]
         totals = account_totals(warehouse, "day" if what == "account-daily" else "month", *bound)
         return format_table(totals.slice(0, top) if top else totals)
+    if what == "sources":
+        return format_table(source_totals(warehouse, start, end).slice(0, top))
     table_name, time_column, columns = _VIEWS[what]
     table = warehouse.table(table_name).read_arrow()
     if time_column and (start or end):
@@ -121,6 +138,22 @@ def show(settings: Settings, what: str, start: str | None, end: str | None, top:
         order = [(time_column, "ascending")]
     table = table.sort_by(order).slice(0, top).select(columns)
     return format_table(table)
+
+
+def source_totals(warehouse: Warehouse, start: str | None = None, end: str | None = None) -> pa.Table:
+    """Per source, over ``[start, end)``: 5-minute panes with traffic or ticks, on-time packets and bytes,
+    ticks and lost export datagrams (``source_panes``), busiest first."""
+    bound = [parse_time("--from/--to", b) if b else None for b in (start, end)]
+    panes = warehouse.table("source_panes").read_arrow(key_min=bound[0], key_max=bound[1])
+    for moment, op in zip(bound, (pc.greater_equal, pc.less)):
+        if moment is not None:
+            panes = panes.filter(op(panes.column("pane_start"), pa.scalar(moment, panes.schema.field("pane_start").type)))
+    panes = panes.set_column(panes.schema.get_field_index("lost"), "lost", pc.fill_null(panes.column("lost"), 0))
+    totals = panes.group_by("source").aggregate([("pane_start", "count"), ("packets", "sum"), ("bytes", "sum"),
+                                                 ("ticks", "sum"), ("lost", "sum")])
+    totals = totals.rename_columns([{"pane_start_count": "panes", "packets_sum": "packets", "bytes_sum": "bytes",
+                                     "ticks_sum": "ticks", "lost_sum": "lost"}.get(c, c) for c in totals.column_names])
+    return totals.select(["source", "panes", "packets", "bytes", "ticks", "lost"]).sort_by([("bytes", "descending")])
 
 
 def format_table(table: pa.Table) -> str:
