@@ -20,7 +20,7 @@ from traffic.core.settings import _PARSERS
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_RUNNING = {"postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
-                "spark-master", "spark-worker"}
+                "spark-master", "spark-worker", "collector"}
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +51,13 @@ def test_start_order_uses_conditions(compose):
     assert services["spark-worker"]["depends_on"]["spark-master"]["condition"] == "service_healthy"
 
 
-def test_only_the_ui_is_published_and_only_on_loopback(compose):
+def test_only_the_ui_and_the_collector_are_published_and_on_loopback_by_default(compose):
     published = {name: s["ports"] for name, s in compose["services"].items() if s.get("ports")}
-    assert list(published) == ["airflow-apiserver"]
+    assert sorted(published) == ["airflow-apiserver", "collector"]
     for port in published["airflow-apiserver"]:
         assert str(port).startswith("127.0.0.1:"), port
+    # The collector's UDP ports: on loopback unless the operator names the address routers reach.
+    assert published["collector"] == [f"${{COLLECTOR_BIND:-127.0.0.1}}:{p}:{p}/udp" for p in (2055, 4739, 6343)]
 
 
 def test_environment_names_are_settings_the_code_reads(compose):
