@@ -1,7 +1,9 @@
 """Crash anywhere: stop ingest and close at every named write step, run again, get the same tables.
 
 Every fault point of the Delta layer (files written / committed, per table and operation)
-reached by a scenario of two ingests and two closes is enumerated from a clean run. A step that
+reached by a scenario of two ingests and two closes is enumerated from a clean run. Each ingest
+takes a router feed and a flow telemetry file (IPFIX, one of whose data sets waits a batch for
+its template), so the telemetry state's writes are killed too. A step that
 recurs in the second ingest (close) is killed there only, so each distinct write step is killed
 once (48 of the 80 points the scenario passes). For each one, the scenario runs up to the command
 in which that point happens, runs that command as a
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import flow_encoder as fe
 from tests.support.forkserver import ForkServer
 from tests.support.harness import Harness, feed_line, tick_line
 from traffic.storage import delta
@@ -42,7 +45,50 @@ def _deliveries():
     return [("r1", "\n".join(first) + "\n"), ("r1", "\n".join(second) + "\n")]
 
 
+def _telemetry(number: int) -> bytes:
+    """The flow telemetry file of delivery ``number``: IPFIX from one router (DESIGN §7a)."""
+    v4 = [(8, 4), (12, 4), (7, 2), (11, 2), (4, 1), (1, 8), (2, 8), (152, 8), (153, 8)]
+    v6 = [(27, 16), (28, 16), (7, 2), (11, 2), (4, 1), (1, 8), (2, 8), (152, 8), (153, 8)]
+
+    def us(ts: datetime) -> int:
+        return int(ts.timestamp()) * 1_000_000
+
+    def flow(src, dst, size, start: datetime, minutes: int) -> dict:
+        return fe.flow_values(fe.Flow(src, dst, 40000, 443, 6, size, 10, us(start),
+                                      us(start + timedelta(minutes=minutes))))
+
+    def message(at: datetime, sets, sequence) -> tuple[int, str, int, bytes]:
+        return (us(at), "192.0.2.250", 4739, fe.ipfix(sets, export_s=us(at) // 1_000_000, sequence=sequence))
+
+    if number == 0:
+        datagrams = [
+            message(T0 + timedelta(minutes=40), [fe.data_set(300, [fe.record(v6, flow(
+                "2001:db8:ffff::1", "2001:db8:1::5", 3000, T0 + timedelta(minutes=20), 15))])], 0),
+            message(T0 + timedelta(minutes=41), [fe.template_set({256: v4}), fe.data_set(256, [fe.record(v4, flow(
+                "10.0.0.1", "192.0.2.9", 5000, T0 + timedelta(minutes=50), 20))])], 1),
+            message(T0 + timedelta(hours=2, minutes=5), [fe.template_set({256: v4})], 2)]
+    else:
+        datagrams = [
+            message(T0 + timedelta(hours=2, minutes=30), [fe.template_set({300: v6}), fe.data_set(256, [
+                fe.record(v4, flow("10.0.0.2", "192.0.2.9", 7000, T0 + timedelta(hours=2, minutes=10), 40))])], 3),
+            message(T0 + timedelta(hours=27), [fe.template_set({256: v4})], 9)]  # 5 records lost before it
+    return fe.collector_file(datagrams)
+
+
+def _deliver(harness: Harness, number: int) -> None:
+    """Delivery ``number``: a router feed and a telemetry file (already there when a command is rerun)."""
+    source, text = _deliveries()[number]
+    if not (harness.root / "inbox" / source / f"d{number}.csv").exists():
+        harness.deliver(source, text, name=f"d{number}.csv")
+    folder = harness.root / "inbox" / "rtr"
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / f"t{number}.flows.pcap").exists():
+        (folder / f"t{number}.flows.pcap").write_bytes(_telemetry(number))
+
+
 SCENARIO = ["ingest", "close", "ingest", "close"]
+#: The telemetry's networks (its flows are oriented by them), for the harness and the killed commands.
+LOCAL = "10.0.0.0/8,2001:db8:1::/48"
 
 
 def _snapshot(harness: Harness) -> dict:
@@ -63,7 +109,7 @@ def _snapshot(harness: Harness) -> dict:
 def scenario(spark, tmp_path_factory):
     """One uninterrupted run: the state before each command (copied per point), its tables, and its kill points."""
     base = tmp_path_factory.mktemp("scenario")
-    harness = Harness(base / "running", spark, keep_hours=1)
+    harness = Harness(base / "running", spark, keep_hours=1, local_networks=LOCAL)
     states, tables, points, counts = [], [], [], {}
     for index in range(len(SCENARIO) + 1):
         snapshot = base / f"before-{index}"
@@ -88,15 +134,12 @@ def test_scenario_reaches_many_kill_points(scenario):
     assert any(p.startswith("monthly.roll_up.committed") for p in points)
     assert any(p.startswith("packets.expire.committed") for p in points)
     assert any(p.startswith("hourly.merge.committed") for p in points)  # the frozen day merged into one file
+    assert any(p.startswith("flow_state.ingest.committed") for p in points)
 
 
 def _run_one(harness: Harness, index: int) -> None:
-    deliveries = _deliveries()
     if SCENARIO[index] == "ingest":
-        number = SCENARIO[: index + 1].count("ingest") - 1
-        path = harness.root / "inbox" / deliveries[number][0] / f"d{number}.csv"
-        if not path.exists():
-            harness.deliver(deliveries[number][0], deliveries[number][1], name=f"d{number}.csv")
+        _deliver(harness, SCENARIO[: index + 1].count("ingest") - 1)
         harness.ingest()
     else:
         harness.close()
@@ -123,16 +166,15 @@ def _kill_and_rerun(spark, root: Path, scenario, point: str, index: int, master:
     """From the state before command ``index``, SIGKILL that command at ``point`` in its own process, rerun it."""
     states, _, points = scenario
     shutil.copytree(states[index], root, copy_function=shutil.copy2)
-    harness = Harness(root, spark, keep_hours=1)
+    harness = Harness(root, spark, keep_hours=1, local_networks=LOCAL)
     # Occurrences count from the killed process's own start: the n-th inside that command.
     name = point.split("#")[0]
     nth = [p for p, i in points if p.split("#")[0] == name and i == index].index(point) + 1
     if SCENARIO[index] == "ingest":
-        number = SCENARIO[: index + 1].count("ingest") - 1
-        source, text = _deliveries()[number]
-        harness.deliver(source, text, name=f"d{number}.csv")
+        _deliver(harness, SCENARIO[: index + 1].count("ingest") - 1)
     command = [SCENARIO[index], "--warehouse", str(root / "warehouse"),
                "--inbox", str(root / "inbox"), "--set", "keep_hours=1", "--set", "shuffle_partitions=2",
+               "--set", f"local_networks={LOCAL}",
                "--set", f"now={harness.settings.now.isoformat()}", "--set", f"fault_at={name}#{nth}"]
     if master:
         command += ["--spark-master", master]
