@@ -51,7 +51,7 @@ MEMORY_LIMIT = 4 * GiB
 TRAFFIC = REPO / ".venv" / "bin" / "traffic"
 PEERS_PYTHON = REPO / ".venv-bench" / "bin" / "python"
 NOTES_MARKER = feeds.NOTES_MARKER
-CASES = ("ingest", "run", "captures", "tick", "idle", "history", "backfill")
+CASES = ("ingest", "run", "captures", "flows", "collect", "tick", "idle", "history", "backfill")
 
 
 def log(message: str) -> None:
@@ -242,7 +242,7 @@ class Bench:
             *peer_rows,
             "",
         ], figure(f"`traffic run` {self.args.packets / 1e6:g} M, whole process", f"{done['seconds']:.1f} s",
-                  f"≤ 5× DuckDB", ok and ratio <= 5, peer=f"DuckDB {duck['process_wall']:.1f} s, "
+                  "≤ 5× DuckDB", ok and ratio <= 5, peer=f"DuckDB {duck['process_wall']:.1f} s, "
                   f"Polars {polars['process_wall']:.1f} s", ratio=f"{ratio:.1f}× DuckDB"))
 
     def case_captures(self) -> None:
@@ -291,6 +291,80 @@ class Bench:
             figure("captures vs tshark conv,ip", f"{wall:.1f} s", "≥ 20× faster", ratio >= 20 and same,
                    peer=f"tshark {conv_seconds:.1f} s", ratio=f"{ratio:.1f}×",
                    note="" if same else "per-pair totals differ"))
+
+    def case_flows(self) -> None:
+        """Flow telemetry (DESIGN §7a): NetFlow v5 and IPFIX collector files decoded alone, then ingested in-session."""
+        import flows_decode as fd
+        from traffic.app.runs import ingest
+
+        records = self.args.flow_records
+        spark = self.session()
+        when = dt.datetime.fromtimestamp(fd.T / 1e6, UTC) + dt.timedelta(hours=1)
+        decode_rates, ingest_rates, lines = {}, {}, []
+        # Warm-up, as for captures: both cores' Python workers import and run the telemetry code once.
+        warm = self.work / "flows-warm-up"
+        for name, build in (("netflow5", fd.netflow5_file), ("ipfix", fd.ipfix_file)):
+            path = warm / "inbox" / name / "warm.flows.pcap"
+            path.parent.mkdir(parents=True)
+            path.write_bytes(build(20_000))
+        ingest(settings_for(warm / "warehouse", warm / "inbox", when, local_networks="10.0.0.0/8"), lambda: spark,
+               lambda _m: None)
+        for name, build in (("netflow5", fd.netflow5_file), ("ipfix", fd.ipfix_file)):
+            data = build(records)
+            clock = time.perf_counter()
+            fd.measure(name, data, records)
+            decode_rates[name] = records / (time.perf_counter() - clock)
+            # Two exporters' files (a source's files are one task, in order): one task per core.
+            folder = self.work / f"flows-{name}"
+            for exporter in ("r1", "r2"):
+                path = folder / "inbox" / exporter / f"{name}.flows.pcap"
+                path.parent.mkdir(parents=True)
+                path.write_bytes(data)
+            settings = settings_for(folder / "warehouse", folder / "inbox", when, local_networks="10.0.0.0/8")
+            log(f"flows: in-session ingest of two {name} sources …")
+            clock = time.perf_counter()
+            batch = ingest(settings, lambda: spark, lambda _m: None)
+            wall = time.perf_counter() - clock
+            ingest_rates[name] = 2 * records / wall
+            assert batch.records_rejected == 0, f"{name}: {batch.records_rejected} rejected"
+            lines.append(f"{name}: {2 * records:,} records in {wall:.1f} s, {ingest_rates[name]:,.0f} records/s "
+                         f"({batch.records_read:,} rows: flow shares and ticks; split "
+                         f"{', '.join(f'{k} {v:.1f} s' for k, v in batch.seconds.items())})")
+        self.results["flows"] = {"decode": decode_rates, "ingest": ingest_rates}
+        self.add([
+            f"### Flow telemetry: NetFlow v5 and IPFIX, {records:,} records a file",
+            "",
+            "Collector files built by `bench/flows_decode.py` (v5: 30 records a datagram; IPFIX: one fixed-length "
+            "template of 11 fields, 28 records a datagram; 65,536 source addresses). Decoding alone, one process: "
+            + ", ".join(f"{n} {r / 1e6:.2f} M records/s" for n, r in decode_rates.items()) + ". "
+            "In-session ingest of two sources' files per protocol, one task per core (warm session, and a "
+            "20,000-record telemetry batch first so both Python workers have run the telemetry code): "
+            + "; ".join(lines) + ".",
+            "",
+        ], *[figure(f"flow decode {n}", f"{r / 1e6:.2f} M rec/s", "≥ 1 M rec/s", r >= 1_000_000)
+             for n, r in decode_rates.items()],
+            *[figure(f"flows {n} in-session ingest ({2 * records / 1e6:g} M)", f"{r / 1e6:.2f} M rec/s",
+                     "≥ 1 M rec/s", r >= 1_000_000) for n, r in ingest_rates.items()])
+
+    def case_collect(self) -> None:
+        """``traffic collect`` under a paced loopback sender (``bench/collect_rate.py``, its own processes)."""
+        out = self.work / "collect.json"
+        run = timed_process([sys.executable, str(REPO / "bench" / "collect_rate.py"), "--rate", "50000",
+                             "--seconds", "10", "--size", "300", "--json", str(out)], timeout=300)
+        result = json.loads(out.read_text()) if out.exists() else {}
+        self.results["collect"] = result
+        held = bool(result) and result.get("received") == result.get("sent") and not result.get("kernel_drops")
+        self.add([
+            "### `traffic collect` at 50,000 datagrams/s",
+            "",
+            "`bench/collect_rate.py --rate 50000 --seconds 10 --size 300`: a sender process paced every millisecond "
+            "on 127.0.0.1, the collector in another (both on this machine's two cores). "
+            + (f"Sent {result.get('sent', 0):,}, received {result.get('received', 0):,}, written "
+               f"{result.get('written', 0):,}, kernel drops {result.get('kernel_drops', 0):,}." if result else
+               f"No result (exit {run['rc']}): {run['stderr'][-300:]}"),
+            "",
+        ], figure("collect 50 k datagrams/s on loopback", f"{result.get('received', 0):,} of {result.get('sent', 0):,}",
+                  "no drops", held))
 
     def case_tick(self) -> None:
         n = self.args.tick_packets
@@ -577,6 +651,7 @@ def main() -> int:
     parser.add_argument("--packets", type=int, default=10_000_000, help="records of the ingest/run feed")
     parser.add_argument("--capture-packets", type=int, default=2_000_000)
     parser.add_argument("--tick-packets", type=int, default=100_000)
+    parser.add_argument("--flow-records", type=int, default=2_000_000, help="records per flow protocol")
     parser.add_argument("--history-days", type=int, default=30)
     parser.add_argument("--history-per-day", type=int, default=200_000)
     parser.add_argument("--tick-n", type=int, default=5_000, help="packets per 5-minute micro-batch (history)")

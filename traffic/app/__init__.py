@@ -1,2 +1,3 @@
-"""The command line and the demo: argument parsing, printing, exit codes.
+"""What people run: the run lifecycle, the command line, the UDP collector for flow telemetry,
+the demo; argument parsing, printing, exit codes.
 """

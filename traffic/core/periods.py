@@ -139,6 +139,8 @@ def apportion_to_panes(start_us: np.ndarray, end_us: np.ndarray, amounts: list[n
     # The pane of the flow's last instant: an end exactly on a pane boundary does not reach into the next.
     last = np.where(duration > 0, (end_us - 1) // _PANE_US, first)
     count = last - first + 1
+    if (count == 1).all():  # every flow inside one pane (or lasting no time): one share each, at its start
+        return np.arange(len(start_us)), start_us, [np.asarray(amount, np.int64) for amount in amounts]
     flow = np.repeat(np.arange(len(start_us)), count)
     offset = np.arange(len(flow)) - np.repeat(np.cumsum(count) - count, count)
     pane = (first[flow] + offset) * _PANE_US

@@ -833,7 +833,7 @@ class _Decoder:
         if layout.record_length:
             count = (end - start) // layout.record_length
             pos = _record_starts(start, count, layout.record_length)
-            at = {ie: pos + offset for ie, offset in layout.offsets.items()}
+            at = None  # fields are strided views of the gathered records; IPv6 addresses are gathered apart
         else:
             records, found, counts = [], [], []
             for *_, starts in sets:
@@ -854,7 +854,7 @@ class _Decoder:
             value = {}
         elif layout.record_length:  # one gather of whole records, then each field is a strided view
             records = _gather(self.buf, pos, layout.record_length)
-            value = {ie: _field(records, layout.offsets[ie], layout.lengths[ie]) for ie in at}
+            value = {ie: _field(records, offset, layout.lengths[ie]) for ie, offset in layout.offsets.items()}
         else:
             value = {ie: _uint(self.buf, at[ie], layout.lengths[ie]) for ie in at}
         export = self.column("export")[context]
@@ -869,8 +869,9 @@ class _Decoder:
             v6 = (value[8] == 0) & (value[12] == 0) if has_v4 else np.ones(n, bool)
             addresses["family"][v6] = 6
             addresses.update(src6=np.zeros((n, 16), np.uint8), dst6=np.zeros((n, 16), np.uint8))
-            addresses["src6"][v6] = _gather(self.buf, at[27][v6], 16)
-            addresses["dst6"][v6] = _gather(self.buf, at[28][v6], 16)
+            where = at if at is not None else {ie: pos + layout.offsets[ie] for ie in (27, 28)}
+            addresses["src6"][v6] = _gather(self.buf, where[27][v6], 16)
+            addresses["dst6"][v6] = _gather(self.buf, where[28][v6], 16)
             _v4_mapped(addresses, problem)
         if not (has_v4 or has_v6):
             problem[problem == 0] = _P_NO_ADDRESS

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import socket
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -45,6 +46,7 @@ _TS = pa.timestamp("us", tz="UTC")
 _PANE_US = 300_000_000
 _SEQUENCE_SPACE = 1 << 32
 _PORT_PROTOCOLS = (6, 17, 132)
+_DIRECTIONS = pa.array(["in", "out", "internal", None], pa.string())
 LOST_SCHEMA = pa.schema([("source", pa.string()), ("pane_start", _TS), ("lost", pa.int64())])
 
 
@@ -177,24 +179,36 @@ def _rows(flows: pa.Table, source: str, input_file: str, rules: TelemetryRules) 
     flow, ts, (share_bytes, share_packets) = apportion_to_panes(
         start, end, [flows.column("bytes").to_numpy(zero_copy_only=False) * rate,
                      flows.column("packets").to_numpy(zero_copy_only=False) * rate])
-    take = pa.array(flow)
-    inbound = pa.array((~src_local & dst_local)[flow])  # the local side received it
-    direction = np.where(src_local & dst_local, "internal", np.where(src_local, "out", "in")).astype(object)
-    direction[~src_local & ~dst_local] = None  # kept transit: direction unknown, the sender is "local"
-    src, dst = src.take(take), dst.take(take)
-    sport, dport = flows.column("src_port").take(take), flows.column("dst_port").take(take)
+    # Codes into _DIRECTIONS: in, out, internal, or unknown (kept transit: the sender is "local").
+    code = np.where(src_local & dst_local, 2, np.where(src_local, 1, np.where(dst_local, 0, 3))).astype(np.int8)
+    spread = len(flow) != n  # some flow has several shares: its columns repeat once per share
+    take = pa.array(flow) if spread else None
+    code = code[flow] if spread else code
+    inbound = pa.array(code == 0)  # the local side received it: the remote side is the source
+    protocol = flows.column("protocol")
+    sport, dport = flows.column("src_port"), flows.column("dst_port")
+    if spread:
+        src, dst, sport, dport, protocol = (c.take(take) for c in (src, dst, sport, dport, protocol))
     m = len(flow)
+    received = code == 0
+    if not received.any():  # every flow sent by the local side (or internal): no column to swap
+        local_ip, remote_ip, local_port, remote_port = src, dst, sport, dport
+    elif received.all():
+        local_ip, remote_ip, local_port, remote_port = dst, src, dport, sport
+    else:
+        local_ip, remote_ip = pc.if_else(inbound, dst, src), pc.if_else(inbound, src, dst)
+        local_port, remote_port = pc.if_else(inbound, dport, sport), pc.if_else(inbound, sport, dport)
     rows = pa.table({
         "kind": pa.repeat(pa.scalar(PACKET), m),
         "ts": pa.array(ts, pa.int64()).cast(_TS),
         "source": pa.repeat(pa.scalar(source), m),
-        "local_ip": pc.if_else(inbound, dst, src),
-        "remote_ip": pc.if_else(inbound, src, dst),
-        "local_port": pc.if_else(inbound, dport, sport),
-        "remote_port": pc.if_else(inbound, sport, dport),
-        "protocol": flows.column("protocol").take(take),
+        "local_ip": local_ip,
+        "remote_ip": remote_ip,
+        "local_port": local_port,
+        "remote_port": remote_port,
+        "protocol": protocol,
         "bytes": pa.array(share_bytes, pa.int64()),
-        "direction": pa.array(direction[flow], pa.string()),
+        "direction": _DIRECTIONS.take(pa.array(code)),
         "reason": pa.nulls(m, pa.string()),
         "record": pa.nulls(m, pa.string()),
         "input_file": pa.repeat(pa.scalar(input_file), m),
@@ -222,18 +236,29 @@ def _neither_local(flows: pa.Table, source: str, input_file: str) -> pa.Table:
 
 
 @functools.lru_cache(maxsize=64)
-def _networks(local_networks: tuple[str, ...]) -> tuple:
-    return tuple(ipaddress.ip_network(n, strict=False) for n in local_networks)
+def _networks(local_networks: tuple[str, ...]) -> dict[int, list[tuple[int, int]]]:
+    """Per address family, the (first, last) address of each local network, as integers."""
+    ranges: dict[int, list[tuple[int, int]]] = {socket.AF_INET: [], socket.AF_INET6: []}
+    for text in local_networks:
+        net = ipaddress.ip_network(text, strict=False)
+        family = socket.AF_INET if net.version == 4 else socket.AF_INET6
+        ranges[family].append((int(net.network_address), int(net.broadcast_address)))
+    return ranges
 
 
 def _is_local(addresses: pa.Array, local_networks: tuple[str, ...]) -> np.ndarray:
-    """Whether each address lies in ``local_networks`` (each distinct address is looked up once)."""
+    """Whether each address lies in ``local_networks``: each distinct address (canonical text, from the
+    decoder) is looked up once, as an integer against each network's range."""
     encoded = pc.dictionary_encode(addresses)
     if isinstance(encoded, pa.ChunkedArray):
         encoded = encoded.combine_chunks()
-    networks = _networks(tuple(local_networks))
-    flags = np.array([any(ipaddress.ip_address(a) in net for net in networks) if a else False
-                      for a in encoded.dictionary.to_pylist()], dtype=bool)
+    ranges = _networks(tuple(local_networks))
+    flags = np.zeros(len(encoded.dictionary), dtype=bool)
+    for i, text in enumerate(encoded.dictionary.to_pylist()):
+        if text:
+            family = socket.AF_INET6 if ":" in text else socket.AF_INET
+            value = int.from_bytes(socket.inet_pton(family, text), "big")
+            flags[i] = any(lo <= value <= hi for lo, hi in ranges[family])
     return flags[pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)] if len(flags) else \
         np.zeros(len(addresses), dtype=bool)
 
