@@ -42,7 +42,11 @@ ENV0 = dict(os.environ)  # before build_spark() sets TZ / PYSPARK_* for this pro
 
 
 def _ips(prefix: str, count: int) -> list[str]:
-    return [f"{prefix}.{i // 250 + 1}.{i % 250 + 1}" for i in range(count)]
+    """``count`` addresses under a two-octet prefix (up to 62,500), or under its first octet beyond that."""
+    if count <= 250 * 250:
+        return [f"{prefix}.{i // 250 + 1}.{i % 250 + 1}" for i in range(count)]
+    first = prefix.split(".")[0]
+    return [f"{first}.{i // 62_500 % 250 + 1}.{i // 250 % 250 + 1}.{i % 250 + 1}" for i in range(count)]
 
 
 def generate(path: Path, packets: int, hours: float, pairs: int, seed: int, chunk: int = 2_000_000,
@@ -55,13 +59,20 @@ def generate(path: Path, packets: int, hours: float, pairs: int, seed: int, chun
     start = start or START
     rng = np.random.default_rng(seed)
     locals_ = np.array(_ips("10.20", max(2, pairs // 8)))
-    remotes = np.array(_ips("198.18", max(2, pairs // 2)))
+    remotes = np.array(_ips("198.18" if pairs // 2 <= 62_500 else "100.64", max(2, pairs // 2)))
     # `pairs` distinct (local, remote) pairs, used with a skewed (Zipf-like) popularity.
-    codes = rng.choice(len(locals_) * len(remotes), size=pairs, replace=False)
+    population = len(locals_) * len(remotes)
+    if population <= 100_000_000:
+        codes = rng.choice(population, size=pairs, replace=False)
+    else:  # millions of pairs: draw codes and keep the distinct ones (a choice without replacement would
+        # allocate the whole population)
+        codes = np.unique(rng.integers(0, population, size=pairs + pairs // 10 + 10, dtype=np.int64))[:pairs]
+        rng.shuffle(codes)
     pair_local = pa.array(locals_[codes // len(remotes)])
     pair_remote = pa.array(remotes[codes % len(remotes)])
     weights = 1.0 / np.arange(1, pairs + 1) ** 0.8
     weights /= weights.sum()
+    cdf = np.cumsum(weights) if pairs > 100_000 else None
     start_us = int(start.timestamp()) * 1_000_000
     end_us = start_us + int(hours * 3_600_000_000)
     ts = np.sort(rng.integers(start_us, end_us, size=packets, dtype=np.int64))
@@ -70,7 +81,10 @@ def generate(path: Path, packets: int, hours: float, pairs: int, seed: int, chun
     with pa.OSFile(str(path), "wb") as sink:
         for lo in range(0, packets, chunk):
             m = min(chunk, packets - lo)
-            which = pa.array(rng.choice(pairs, size=m, p=weights).astype(np.int32))
+            if pairs <= 100_000:
+                which = pa.array(rng.choice(pairs, size=m, p=weights).astype(np.int32))
+            else:  # one cumulative table for all chunks (choice rebuilds it per call: slow for millions of pairs)
+                which = pa.array(np.minimum(np.searchsorted(cdf, rng.random(m)), pairs - 1).astype(np.int32))
             size = rng.integers(40, 1501, size=m, dtype=np.int64)
             total_bytes += int(size.sum())
             zeros = pa.array(np.zeros(m, dtype=np.int32))
@@ -92,6 +106,15 @@ def generate(path: Path, packets: int, hours: float, pairs: int, seed: int, chun
 
 
 # -- checks --------------------------------------------------------------------------------------
+
+
+def hourly_pairs(warehouse: Path) -> list[int]:
+    """Rows of ``hourly`` per hour (= distinct (local, remote) pairs that hour), in hour order."""
+    from deltalake import DeltaTable
+
+    hours = DeltaTable(str(warehouse / "hourly")).to_pyarrow_table(columns=["hour"]).column("hour")
+    counts = pc.value_counts(hours).to_pylist()
+    return [c["counts"] for c in sorted(counts, key=lambda c: c["values"])]
 
 
 def warehouse_totals(warehouse: Path) -> dict:

@@ -29,6 +29,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -51,7 +52,7 @@ MEMORY_LIMIT = 4 * GiB
 TRAFFIC = REPO / ".venv" / "bin" / "traffic"
 PEERS_PYTHON = REPO / ".venv-bench" / "bin" / "python"
 NOTES_MARKER = feeds.NOTES_MARKER
-CASES = ("ingest", "run", "captures", "flows", "collect", "tick", "idle", "history", "backfill")
+CASES = ("ingest", "run", "cardinality", "captures", "flows", "collect", "tick", "idle", "history", "backfill")
 
 
 def log(message: str) -> None:
@@ -244,6 +245,80 @@ class Bench:
         ], figure(f"`traffic run` {self.args.packets / 1e6:g} M, whole process", f"{done['seconds']:.1f} s",
                   "≤ 5× DuckDB", ok and ratio <= 5, peer=f"DuckDB {duck['process_wall']:.1f} s, "
                   f"Polars {polars['process_wall']:.1f} s", ratio=f"{ratio:.1f}× DuckDB"))
+
+    def _timed_run(self, folder: Path, feed: Path, end: str) -> tuple[dict, dict, dict]:
+        """``traffic run --timings`` as a process on one feed: its run, the split it printed, the tables' totals."""
+        (folder / "inbox" / "bench").mkdir(parents=True)
+        os.link(feed, folder / "inbox" / "bench" / "feed.csv")
+        now = dt.datetime.fromisoformat(end) + dt.timedelta(hours=1)
+        done = timed_process([str(TRAFFIC), "run", "--timings", *where(folder / "warehouse", folder / "inbox", now)])
+        split = {}
+        for line in (done["stdout"] + done["stderr"]).splitlines():
+            if line.strip().startswith("timings:"):
+                step, _, parts = line.strip()[len("timings:"):].partition(":")
+                for part in parts.split(","):
+                    found = re.match(r"\(?(?:of which )?([a-z_ ]+?) ([0-9.]+) s\)?$", part.strip())
+                    if found:
+                        split[f"{step.strip()}.{found.group(1).replace(' ', '_')}"] = float(found.group(2))
+        totals = feeds.warehouse_totals(folder / "warehouse") if done["rc"] == 0 else {}
+        return done, split, totals
+
+    def case_cardinality(self) -> None:
+        """Issue 25: `traffic run` where real traffic is, hundreds of thousands of distinct pairs an hour."""
+        packets, hours = self.args.packets, self.args.hc_hours
+        path = self.work / "feed-hc" / "feed.csv"
+        path.parent.mkdir(parents=True)
+        log(f"cardinality: generating {packets:,} records over {hours} h, {self.args.hc_pairs:,} pairs …")
+        gen = feeds.generate(path, packets, hours, self.args.hc_pairs, 3)
+        log("cardinality: traffic run as a process …")
+        done, split, totals = self._timed_run(self.work / "run-hc", path, gen["end"])
+        per_hour = feeds.hourly_pairs(self.work / "run-hc" / "warehouse") if done["rc"] == 0 else []
+        ok = done["rc"] == 0 and totals["hourly_bytes"] == gen["bytes"]
+        peers = self.peers(path)
+        duck = peers["duckdb"]
+        ratio = done["seconds"] / duck["process_wall"]
+        ingest = sum(v for k, v in split.items() if k.startswith("ingest."))
+        freeze = split.get("close.freeze", 0.0)
+        # Growth with distinct pairs at a fixed record count: the same number of records, 10 k to 1 M pairs.
+        growth = []
+        for pairs in self.args.growth_pairs:
+            feed = self.work / f"feed-g{pairs}" / "feed.csv"
+            feed.parent.mkdir(parents=True)
+            g = feeds.generate(feed, self.args.growth_packets, 1, pairs, 5)
+            log(f"cardinality: {self.args.growth_packets:,} records, {pairs:,} pairs …")
+            d, sp, t = self._timed_run(self.work / f"run-g{pairs}", feed, g["end"])
+            rows = feeds.hourly_pairs(self.work / f"run-g{pairs}" / "warehouse") if d["rc"] == 0 else []
+            growth.append({"pairs": pairs, "hourly_rows": max(rows, default=0), "wall": d["seconds"], "split": sp,
+                           "rc": d["rc"], "peak": d["peak"], "ok": d["rc"] == 0 and t["hourly_bytes"] == g["bytes"]})
+            shutil.rmtree(self.work / f"run-g{pairs}", ignore_errors=True)
+        self.results["cardinality"] = {"ours": done["seconds"], "rc": done["rc"], "peak": done["peak"], "ok": ok,
+                                       "split": split, "pairs_per_hour": per_hour, "duckdb": duck,
+                                       "growth": growth}
+        steps = sorted({k for g in growth for k in g["split"]} | set(split))
+        self.add([
+            f"### `traffic run` at real-world cardinality: {packets:,} records, heavy-tailed pairs",
+            "",
+            f"`bench/run.py` feed over {hours} hours with {self.args.hc_pairs:,} distinct (local, remote) pairs of "
+            f"Zipf-like popularity (exponent 0.8): {max(per_hour, default=0):,} distinct pairs in the busiest hour "
+            f"(hourly rows per hour: {', '.join(f'{n:,}' for n in per_hour)}). `traffic run --timings` as a process: "
+            f"{done['seconds']:.1f} s (exit {done['rc']}, Σ bytes {'equal' if ok else '**MISMATCH**'}), peak "
+            f"{gib(done['peak'])}; DuckDB doing the same writes {duck['process_wall']:.1f} s "
+            f"({ratio:.1f}×). Ingest {ingest:.1f} s, freeze (with its checks) {freeze:.1f} s.",
+            "",
+            f"Growth with distinct pairs, {self.args.growth_packets:,} records in one hour each:",
+            "",
+            "| pairs (hourly rows) | whole run | " + " | ".join(steps) + " | peak |",
+            "|---|---|" + "---|" * len(steps) + "---|",
+            *[f"| {g['pairs']:,} ({g['hourly_rows']:,}) | {g['wall']:.1f} s | "
+              + " | ".join(f"{g['split'].get(k, 0):.1f}" for k in steps) + f" | {gib(g['peak'])} |" for g in growth],
+            f"| this feed ({max(per_hour, default=0):,}) | {done['seconds']:.1f} s | "
+            + " | ".join(f"{split.get(k, 0):.1f}" for k in steps) + f" | {gib(done['peak'])} |",
+            "",
+        ], figure(f"`traffic run` {packets / 1e6:g} M, high cardinality", f"{done['seconds']:.1f} s",
+                  "≤ 5× DuckDB", ok and ratio <= 5, peer=f"DuckDB {duck['process_wall']:.1f} s",
+                  ratio=f"{ratio:.1f}× DuckDB"),
+            figure("freeze + checks vs ingest, high cardinality", f"{freeze:.1f} s vs {ingest:.1f} s",
+                   "≤ 1×", ok and ingest > 0 and freeze <= ingest, ratio=f"{freeze / ingest:.1f}×" if ingest else "—"))
 
     def case_captures(self) -> None:
         import captures
@@ -652,6 +727,11 @@ def main() -> int:
     parser.add_argument("--capture-packets", type=int, default=2_000_000)
     parser.add_argument("--tick-packets", type=int, default=100_000)
     parser.add_argument("--flow-records", type=int, default=2_000_000, help="records per flow protocol")
+    parser.add_argument("--hc-pairs", type=int, default=4_000_000, help="distinct pairs of the high-cardinality feed")
+    parser.add_argument("--hc-hours", type=float, default=8, help="hours the high-cardinality feed spans")
+    parser.add_argument("--growth-packets", type=int, default=2_000_000, help="records per growth run")
+    parser.add_argument("--growth-pairs", type=lambda t: [int(x) for x in t.split(",")],
+                        default=[10_000, 100_000, 1_000_000], help="distinct pairs of the growth runs")
     parser.add_argument("--history-days", type=int, default=30)
     parser.add_argument("--history-per-day", type=int, default=200_000)
     parser.add_argument("--tick-n", type=int, default=5_000, help="packets per 5-minute micro-batch (history)")
