@@ -25,6 +25,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.flow_tools import free_udp_port  # noqa: E402
+from traffic.io.captures import udp_datagrams  # noqa: E402
+
 _SEQ = struct.Struct("!Q")
 
 
@@ -47,21 +52,10 @@ def send(port: int, rate: int, seconds: float, size: int) -> None:
     print(json.dumps({"sent": sent, "seconds": time.perf_counter() - started}), flush=True)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def read_records(path: Path) -> list[bytes]:
-    """The UDP payloads of a collector file (classic pcap, raw IPv4 records)."""
-    data, offset, payloads = path.read_bytes(), 24, []
-    while offset + 16 <= len(data):
-        captured = struct.unpack_from("<I", data, offset + 8)[0]
-        frame = data[offset + 16: offset + 16 + captured]
-        payloads.append(frame[28:])  # 20-byte IPv4 header, 8-byte UDP header
-        offset += 16 + captured
-    return payloads
+    """The UDP payloads of a collector file, read as ingest reads them."""
+    datagrams, _ = udp_datagrams(path.read_bytes(), input_file=path.name, source="bench")
+    return [datagrams.payload(i) for i in range(len(datagrams))]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -71,7 +65,7 @@ def cpu_seconds(pid: int) -> float:
 
 def measure(rate: int, seconds: float, size: int, rcvbuf: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="collect-rate-") as tmp:
-        inbox, status, port = Path(tmp) / "inbox", Path(tmp) / "status.json", free_port()
+        inbox, status, port = Path(tmp) / "inbox", Path(tmp) / "status.json", free_udp_port()
         collector = subprocess.Popen(
             [sys.executable, "-m", "traffic.app.cli", "collect", "--inbox", str(inbox), "--listen", f"127.0.0.1:{port}",
              "--status", str(status), "--status-every", "0.5", "--log-every", "0", "--rcvbuf", rcvbuf],

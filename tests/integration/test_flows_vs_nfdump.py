@@ -49,9 +49,7 @@ def collect(inbox, datagrams, restart_after: int | None = None) -> None:
     new one takes the rest (templates must survive it)."""
     batches = [datagrams] if restart_after is None else [datagrams[:restart_after], datagrams[restart_after:]]
     for part in batches:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = ft.free_udp_port()
         collector = Collector(inbox, {"127.0.0.1": "exporter"}, build_options(listen=[f"127.0.0.1:{port}"],
                                                                               log_every=0), log=lambda _l: None)
         collector.start()

@@ -20,29 +20,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.flow_tools import free_udp_port
+from traffic.io.captures import udp_datagrams
 from traffic.io.datagrams import PCAP_HEADER
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def sequence_numbers(path: Path) -> list[int]:
-    """The sequence number each whole record carries (IPv4 records: 20 + 8 header bytes)."""
-    data, offset, numbers = path.read_bytes(), 24, []
+    """The sequence number each whole record carries, read as ingest reads the file (a torn last
+    record, not flushed whole, is left out)."""
+    data = path.read_bytes()
     assert data[:24] == PCAP_HEADER
-    while offset + 16 <= len(data):
-        captured = struct.unpack_from("<I", data, offset + 8)[0]
-        if offset + 16 + captured > len(data):
-            break  # torn: not flushed whole
-        numbers.append(struct.unpack_from("!I", data, offset + 16 + 28)[0])
-        offset += 16 + captured
-    return numbers
+    datagrams, _ = udp_datagrams(data, input_file=path.name, source="test")
+    return [struct.unpack_from("!I", datagrams.payload(i))[0] for i in range(len(datagrams))]
 
 
 class Collector:

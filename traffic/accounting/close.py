@@ -459,9 +459,8 @@ def recompute_arrow(warehouse: Warehouse, hours: list[datetime]) -> _Recomputed:
                        {_utc_hour(h): n for h, n in zip(differing.column("hour").to_pylist(),
                                                         differing.column("n").to_pylist())},
                        packets.read(keys=hours),
-                       estimated={h: v[0] for h, v in _arrow_sums(raw.select(["hour", "estimated_bytes"])
-                                                                  .rename_columns(["hour", "bytes"]), "hour",
-                                                                  counted=None).items()})
+                       estimated={_utc_hour(h): e for h, e in zip(*freeze_tasks.sum_raw(raw).select(
+                           ["hour", "estimated_bytes"]).to_pydict().values())})
 
 
 def recompute_spark(warehouse: Warehouse, hours: list[datetime]) -> _Recomputed:
