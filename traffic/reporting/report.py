@@ -109,15 +109,22 @@ _VIEWS = {
 
 def show(settings: Settings, what: str, start: str | None, end: str | None, top: int) -> str:
     """A text table of one table, filtered to ``[start, end)``, largest by bytes first (ledger: in time order)."""
+    return format_table(show_rows(settings, what, start, end, top))
+
+
+def show_rows(settings: Settings, what: str, start: str | None, end: str | None, top: int,
+              every_column: bool = False) -> pa.Table:
+    """The rows ``traffic show`` prints: ``[start, end)``, in its order, the first ``top`` (0: all); the view's
+    columns, or with ``every_column`` every column of the rows (the machine formats)."""
     warehouse = _warehouse(settings)
     if what in ("account-daily", "account-monthly"):
         from traffic.accounting.bills import account_totals  # deferred: status and show never load pyspark (bills -> panes)
 
         bound = [parse_time("--from/--to", b) if b else None for b in (start, end)]
         totals = account_totals(warehouse, "day" if what == "account-daily" else "month", *bound)
-        return format_table(totals.slice(0, top) if top else totals)
+        return _first(totals, top)
     if what == "sources":
-        return format_table(source_totals(warehouse, start, end).slice(0, top))
+        return _first(source_totals(warehouse, start, end), top)
     table_name, time_column, columns = _VIEWS[what]
     table = warehouse.table(table_name).read_arrow()
     if time_column and (start or end):
@@ -136,8 +143,13 @@ def show(settings: Settings, what: str, start: str | None, end: str | None, top:
         order = [("bytes", "descending")]
     else:
         order = [(time_column, "ascending")]
-    table = table.sort_by(order).slice(0, top).select(columns)
-    return format_table(table)
+    table = _first(table.sort_by(order), top)
+    return table if every_column else table.select(columns)
+
+
+def _first(table: pa.Table, top: int) -> pa.Table:
+    """The first ``top`` rows (``--top 0``: all of them)."""
+    return table.slice(0, top) if top else table
 
 
 def source_totals(warehouse: Warehouse, start: str | None = None, end: str | None = None) -> pa.Table:

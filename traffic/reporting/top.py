@@ -153,3 +153,14 @@ def top_talkers(warehouse: Warehouse, last: timedelta, by: str = "host", limit: 
     chosen = ranked if limit is None else ranked.slice(0, limit)
     result.rows = [{"key": r[key], **{c: r[c] for c in TOTALS}} for r in chosen.to_pylist()]
     return result
+
+
+def talkers_table(result: TopTalkers) -> pa.Table:
+    """A result's rows as a table for the machine formats: the key (named by what it is: ``local_ip``,
+    ``remote_ip`` or ``account``), the totals, and the window ``[window_start, window_end)`` on every row."""
+    stamp = pa.timestamp("us", tz="UTC")
+    count = len(result.rows)
+    return pa.table({KEYS[result.by]: pa.array([r["key"] for r in result.rows], pa.string()),
+                     **{c: pa.array([r[c] for r in result.rows], pa.int64()) for c in TOTALS},
+                     "window_start": pa.array([result.start] * count, stamp),
+                     "window_end": pa.array([result.end] * count, stamp)})
