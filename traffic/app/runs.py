@@ -1,9 +1,11 @@
 """How every run starts and ends: the warehouse lock, the tables, an interrupted batch, then the step.
 
 Each entry point here (ingest, close, replay) takes the warehouse lock, creates any missing table,
-finishes a batch an earlier run left journaled, does its step, and refreshes the report when
-periods were closed. The steps themselves live in ``traffic.accounting``; the CLI, the demo and
-the DAG helpers call these.
+finishes a batch an earlier run left journaled, does its step, refreshes the report when
+periods were closed, and writes the Prometheus metrics before it lets the lock go, whether the
+step succeeded or failed (``traffic.reporting.metrics``; a failure to write them is a warning).
+The steps themselves live in ``traffic.accounting``; the CLI, the demo and the DAG helpers call
+these.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from traffic.accounting.replay import plan_replay
 from traffic.core.periods import HOUR
 from traffic.core.settings import Settings
 from traffic.reporting.html_report import refresh_report
+from traffic.reporting.metrics import written_after
 from traffic.runtime import jvm
 from traffic.storage.delta import Warehouse
 from traffic.storage.journal import Journal, warehouse_lock
@@ -27,7 +30,8 @@ from traffic.storage.journal import Journal, warehouse_lock
 def ingest(settings: Settings, spark_factory: Callable[[], object], progress=print) -> BatchResult:
     """Run one micro-batch (resuming an interrupted one first). Holds the warehouse lock."""
     warehouse = Warehouse(settings)
-    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic ingest"):
+    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic ingest"), \
+            written_after(warehouse, progress):
         warehouse.create_all()
         journal = Journal(warehouse.state_dir())
         plan = journal.load()
@@ -78,11 +82,13 @@ def close(settings: Settings, spark_factory: Callable[[], object], until: dateti
     run still writes everything else it may, then raises ``CheckFailed`` (CLI exit 3).
     """
     warehouse = Warehouse(settings)
-    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic close"):
+    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic close"), \
+            written_after(warehouse, progress) as metrics:
         warehouse.create_all()
         finish_pending(settings, warehouse, spark_factory, progress)
         result = close_locked(settings, warehouse, spark_factory, until, progress, only)
         _refresh_if_closed(settings, result, progress)
+        metrics.closed(only, len(result.failed))
     if result.failed:
         raise CheckFailed("; ".join(result.failed), result)
     return result
@@ -92,7 +98,8 @@ def replay(settings: Settings, spark_factory: Callable[[], object], input_dir: P
            end: datetime, source: str | None = None, restate: str | None = None, progress=print):
     """Import the archive for ``[start, end)`` and close what the watermark allows, under the lock."""
     warehouse = Warehouse(settings)
-    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic replay"):
+    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic replay"), \
+            written_after(warehouse, progress) as metrics:
         warehouse.create_all()
         finish_pending(settings, warehouse, spark_factory, progress)
         plan = plan_replay(settings, warehouse, Path(input_dir), start, end, source, restate)
@@ -105,8 +112,10 @@ def replay(settings: Settings, spark_factory: Callable[[], object], input_dir: P
             announce_work(plan)
             result = complete(warehouse.with_spark(spark_factory()), plan, progress)
             journal.clear()
+        closing = time.perf_counter()
         closed = close_locked(settings, warehouse, spark_factory, None, progress)
         _refresh_if_closed(settings, closed, progress)
+        metrics.closed(None, len(closed.failed), since=closing)
         return result, closed
 
 
