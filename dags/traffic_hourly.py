@@ -12,6 +12,7 @@ Each run owns the data interval `[start, end)` of one UTC hour (a real one-hour 
 | `month_closes` → `roll_up_month` | the same for a month (`--only months`) | only when it runs |
 | `expire` | raw detail older than `keep_hours` (`close --only expire`, in the worker, no JVM with the `rs` engine) | no |
 | `publish_data_quality` | reads the interval's ledger rows; **fails** if any has `dq_status = failed`, logs a summary | no |
+| `notify_alerts` | sends the quota/commit alerts not sent yet (the `alerts` table, written by the freeze) through an Airflow notifier: mail via the SMTP connection `alerts_smtp_conn_id` when configured, else a log line each; each alert once, across reruns and backfills | no |
 
 Choices:
 
@@ -121,6 +122,14 @@ def traffic_hourly():
 
         return publish_data_quality(data_interval_start, data_interval_end)
 
+    @task(trigger_rule=TriggerRule.ALL_DONE)
+    def notify_alerts() -> dict:
+        """Send alerts not sent yet, each once (even when another period of the interval failed its checks:
+        alerts come from published hours only)."""
+        from traffic.orchestration.dag_support import notify_alerts
+
+        return notify_alerts()
+
     freeze = _close_step("freeze", "freeze")
     roll_up_day = _close_step("roll_up_day", "days")
     roll_up_month = _close_step("roll_up_month", "months")
@@ -135,6 +144,7 @@ def traffic_hourly():
         >> roll_up_month
         >> expire()
         >> publish_data_quality()
+        >> notify_alerts()
     )
 
 

@@ -203,7 +203,7 @@ def test_hourly_timetable_gives_one_hour_data_intervals(dagbag):
 def test_hourly_tasks_wait_short_circuit_and_let_later_steps_run_after_skips(dagbag):
     dag = dagbag.dags["traffic_hourly"]
     order = ["wait_for_watermark", "freeze_needed", "freeze", "day_closes", "roll_up_day", "month_closes",
-             "roll_up_month", "expire", "publish_data_quality"]
+             "roll_up_month", "expire", "publish_data_quality", "notify_alerts"]
     for upstream, downstream in zip(order, order[1:]):
         assert dag.get_task(upstream).downstream_task_ids == {downstream}
     sensor = dag.get_task("wait_for_watermark")
@@ -212,6 +212,8 @@ def test_hourly_tasks_wait_short_circuit_and_let_later_steps_run_after_skips(dag
         assert dag.get_task(gate).ignore_downstream_trigger_rules is False, gate
     for task_id in ("day_closes", "month_closes", "expire", "publish_data_quality"):
         assert dag.get_task(task_id).trigger_rule == "none_failed", task_id
+    # Alerts come from published hours only: they are sent even when another period of the interval failed.
+    assert dag.get_task("notify_alerts").trigger_rule == "all_done"
 
 
 def test_ingest_runs_every_five_minutes_unless_configured(dagbag, airflow_home):

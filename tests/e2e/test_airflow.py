@@ -66,7 +66,7 @@ def test_backfill_freezes_every_hour_and_rolls_up_the_day_once_at_midnight(airfl
             "wait_for_watermark": "success", "freeze_needed": "success", "freeze": "success",
             "day_closes": "success", "roll_up_day": "success" if at_midnight else "skipped",
             "month_closes": "success", "roll_up_month": "skipped",
-            "expire": "success", "publish_data_quality": "success",
+            "expire": "success", "publish_data_quality": "success", "notify_alerts": "success",
         }, run["dag_run_id"]
 
     warehouse = _warehouse(airflow)

@@ -264,7 +264,7 @@ def test_octobers_bill_by_hand_through_traffic_bill_and_the_bills_table(run, cap
     line = next(row for row in text.splitlines() if row.startswith("acme"))
     assert line.split() == ["acme", f"{ACME['bytes_in']:,}", f"{ACME['bytes_out']:,}",
                             f"{ACME['bytes_in'] + ACME['bytes_out'] + ACME['bytes_unknown']:,}",
-                            f"{1133 * 8 / 300:,.3f}", f"{500 * 8 / 300:,.3f}", f"{1133 * 8 / 300:,.3f}"]
+                            f"{1133 * 8 / 300:,.3f}", f"{500 * 8 / 300:,.3f}", f"{1133 * 8 / 300:,.3f}", "-", "-"]
 
 
 def test_an_open_period_is_provisional_and_not_stored(run, capsys):

@@ -89,6 +89,27 @@ def _deliver(harness: Harness, number: int) -> None:
 SCENARIO = ["ingest", "close", "ingest", "close"]
 #: The telemetry's networks (its flows are oriented by them), for the harness and the killed commands.
 LOCAL = "10.0.0.0/8,2001:db8:1::/48"
+#: An accounts file with a quota the first close crosses, so the freeze's alerts write is killed too.
+ACCOUNTS = """
+[[version]]
+name = "v1"
+effective_from = 2026-10-01
+
+[version.accounts]
+lan = ["10.0.0.0/24"]
+
+[version.limits.lan]
+quota_bytes = 1000
+"""
+
+
+def _accounts(root: Path) -> Path:
+    """The scenario's accounts file, inside the harness root (so every copy of a state has it)."""
+    path = Path(root) / "accounts.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text(ACCOUNTS)
+    return path
 
 
 def _snapshot(harness: Harness) -> dict:
@@ -109,7 +130,8 @@ def _snapshot(harness: Harness) -> dict:
 def scenario(spark, tmp_path_factory):
     """One uninterrupted run: the state before each command (copied per point), its tables, and its kill points."""
     base = tmp_path_factory.mktemp("scenario")
-    harness = Harness(base / "running", spark, keep_hours=1, local_networks=LOCAL)
+    harness = Harness(base / "running", spark, keep_hours=1, local_networks=LOCAL,
+                      accounts_file=_accounts(base / "running"))
     states, tables, points, counts = [], [], [], {}
     for index in range(len(SCENARIO) + 1):
         snapshot = base / f"before-{index}"
@@ -135,6 +157,7 @@ def test_scenario_reaches_many_kill_points(scenario):
     assert any(p.startswith("packets.expire.committed") for p in points)
     assert any(p.startswith("hourly.merge.committed") for p in points)  # the frozen day merged into one file
     assert any(p.startswith("flow_state.ingest.committed") for p in points)
+    assert any(p.startswith("alerts.alert.committed") for p in points)  # the quota crossing, before the ledger
 
 
 def _run_one(harness: Harness, index: int) -> None:
@@ -166,7 +189,7 @@ def _kill_and_rerun(spark, root: Path, scenario, point: str, index: int, master:
     """From the state before command ``index``, SIGKILL that command at ``point`` in its own process, rerun it."""
     states, _, points = scenario
     shutil.copytree(states[index], root, copy_function=shutil.copy2)
-    harness = Harness(root, spark, keep_hours=1, local_networks=LOCAL)
+    harness = Harness(root, spark, keep_hours=1, local_networks=LOCAL, accounts_file=_accounts(root))
     # Occurrences count from the killed process's own start: the n-th inside that command.
     name = point.split("#")[0]
     nth = [p for p, i in points if p.split("#")[0] == name and i == index].index(point) + 1
@@ -174,7 +197,7 @@ def _kill_and_rerun(spark, root: Path, scenario, point: str, index: int, master:
         _deliver(harness, SCENARIO[: index + 1].count("ingest") - 1)
     command = [SCENARIO[index], "--warehouse", str(root / "warehouse"),
                "--inbox", str(root / "inbox"), "--set", "keep_hours=1", "--set", "shuffle_partitions=2",
-               "--set", f"local_networks={LOCAL}",
+               "--set", f"local_networks={LOCAL}", "--set", f"accounts_file={root / 'accounts.toml'}",
                "--set", f"now={harness.settings.now.isoformat()}", "--set", f"fault_at={name}#{nth}"]
     if master:
         command += ["--spark-master", master]

@@ -97,4 +97,4 @@ def test_a_new_warehouse_waits_a_vacuum_period_before_its_first(spark, tmp_path,
     assert stamp.exists() and not calls
     monkeypatch.setattr(close_mod, "VACUUM_EVERY", timedelta(0))
     close_mod.maintain(harness.warehouse())
-    assert sorted(calls) == sorted(close_mod.MAINTAINED + ("monthly", "bills"))
+    assert sorted(calls) == sorted(close_mod.MAINTAINED + ("monthly", "bills", "alerts"))

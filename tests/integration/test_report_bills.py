@@ -92,17 +92,23 @@ def run(spark, tmp_path_factory):
     return harness, harness.settings.warehouse / "_reports"
 
 
+#: The commit and the overage over it: shown as "-" (no exact value) when the account has no commit.
+COMMIT = ("commit_bps", "overage_bps")
+
+
 def _figures(parsed: Rows) -> dict:
     shown = {}
     for name, row in parsed.keyed("data-figure").items():
         attrs = row["cells"][1]["attrs"]
         shown[name] = (int(attrs.get("data-bytes", attrs.get("data-value", 0))) if name in FIGURES
-                       else float(attrs["data-bps"]) if name in RATES else attrs["data-value"])
+                       else float(attrs["data-bps"]) if name in RATES
+                       else (float(attrs["data-bps"]) if attrs["data-bps"] else None) if name in COMMIT
+                       else attrs["data-value"])
     return shown
 
 
 def _expected(row: dict) -> dict:
-    return {**{k: row[k] for k in FIGURES + RATES}, "mapping_versions": ", ".join(row["mapping_versions"]),
+    return {**{k: row[k] for k in FIGURES + RATES + COMMIT}, "mapping_versions": ", ".join(row["mapping_versions"]),
             **{k: str(row[k]) for k in ("billing_rule", "billing_unknown_direction", "billing_cycle_day",
                                         "billing_timezone")}}
 

@@ -176,7 +176,7 @@ HEADER = '[[version]]\nname = "v1"\neffective_from = 2026-01-01\n[version.accoun
     ("owner = 'me'\n" + HEADER,
      "acc.toml:1: unknown key 'owner' (an accounts file has only [[version]] tables)"),
     (HEADER.replace("name", "label"),
-     "acc.toml:2: version 1: unknown key 'label' (known: name, effective_from, accounts)"),
+     "acc.toml:2: version 1: unknown key 'label' (known: name, effective_from, accounts, limits)"),
     (HEADER.replace("effective_from = 2026-01-01\n", ""),
      "acc.toml:1: version 1: effective_from is missing (e.g. 2026-01-01)"),
     (HEADER.replace("2026-01-01", '"soon"'),

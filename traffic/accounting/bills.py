@@ -14,7 +14,7 @@ Bills are computed on the driver from Arrow reads (a month of panes is small), s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -33,9 +33,10 @@ from traffic.core.billing import (
     check_rule,
     pane_series,
 )
-from traffic.core.periods import PUBLISHED, hour_ceil, hour_floor, hours_between, month_start, next_month
+from traffic.core.periods import PANE, PUBLISHED, hour_ceil, hour_floor, hours_between, month_start, next_month
 from traffic.storage.delta import Warehouse
 from traffic.accounting.panes import account_map
+from traffic.core.alerts import overage_bps
 from traffic.core.billing import percentile_rank
 
 UTC = timezone.utc
@@ -174,7 +175,22 @@ def compute_period(warehouse: Warehouse, label: str, account: str | None = None,
     bills = [bill_from_series(by_account.get(name, {}), period, name, settings.billing_rule,
                               settings.billing_unknown_direction, versions)
              for name in sorted(known, key=lambda n: (n is None, n or ""))]  # a damaged pane may lack one
+    bills = [_with_commit(bill, commit_of(mapping, versions, period, bill.account)) for bill in bills]
     return PeriodBills(period, bills, final, needed, done, settings=_settings_row(settings))
+
+
+def commit_of(mapping, versions: tuple[str, ...], period: BillingPeriod, account: str | None):
+    """The commit a bill is measured against: ``commit_bps`` of the latest mapping version of the period's
+    panes (by id; by time, at the period's last pane, if that version is no longer in the file), or None."""
+    version = mapping.by_id(versions[-1]) if versions else None
+    if version is None:
+        version = mapping.version_at(period.end_utc - PANE)
+    value = version.limits_of(account).commit_bps
+    return None if value is None else float(value)
+
+
+def _with_commit(bill: Bill, commit: float | None) -> Bill:
+    return replace(bill, commit_bps=commit, overage_bps=overage_bps(bill.billable_bps, commit))
 
 
 def _settings_row(settings) -> dict:
@@ -286,11 +302,16 @@ def _check_frame(warehouse: Warehouse, results: list[PeriodBills]):
                             + bill.bytes_unknown,
                             "billable_expected": combine(bill.p95_in_pane_bytes, bill.p95_out_pane_bytes),
                             "rank_expected": percentile_rank(bill.panes),
+                            "overage_expected": None if bill.commit_bps is None
+                            else max(0.0, bill.billable_bps - bill.commit_bps),
                             "period_pane_bytes": pane_bytes, "period_billed_bytes": billed})
     frame = pd.DataFrame.from_records(records)
     for name in frame.columns:
         if frame[name].dtype.kind in "iu":
             frame[name] = frame[name].astype("Int64")
+    for name in ("commit_bps", "overage_bps", "overage_expected"):  # None (no commit) → NaN, the column a float
+        if name in frame.columns:
+            frame[name] = frame[name].astype("float64")
     return frame
 
 

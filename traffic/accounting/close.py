@@ -1,4 +1,5 @@
-"""Close: freeze closed hours, roll up closed days and months, store closed bills, expire raw detail (DESIGN §3–§6).
+"""Close: freeze closed hours (and raise their alerts), roll up closed days and months, store closed bills, expire
+raw detail (DESIGN §3–§6).
 
 What to do is decided on the driver from the small state tables, so a close with nothing
 to do never starts Spark. Each step recomputes its output from its inputs and replaces
@@ -24,6 +25,7 @@ import pyarrow.compute as pc
 
 from traffic.runtime import jvm
 from traffic.storage import state as st
+from traffic.accounting.alerts import refresh_alerts
 from traffic.accounting.bills import due_periods, store_bills
 from traffic.core.periods import (PUBLISHED, closed_hours, day_start, days_due, expiry_cutoff,
                                   days_between, days_of_month, expected_sources_window, hour_floor, hours_between, hours_of_day,
@@ -180,7 +182,7 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
         failed = freeze_hours(warehouse, plan.hours, check)
         checks.append(check)
         result.hours_frozen = plan.hours
-        result.failed += list(failed.values())
+        result.failed += list(failed.values()) + alert_failures(check)
         result.warnings += _warnings(check, "hour", plan.hours)
         if failed:
             first_bad = min(failed)
@@ -211,6 +213,12 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
     result.seconds["roll_up"] = time.perf_counter() - clock
     clock = time.perf_counter()
     if plan.bills:
+        # Their alerts first (the same rows unless an hour was accepted since it failed): the stored bills
+        # mark the period done, so a crash in between recomputes both.
+        alerts_check = _validation(warehouse, "alerts", [("alert", p.start_utc) for p in plan.bills])
+        result.failed += refresh_alerts(warehouse, [], [], alerts_check, periods=plan.bills)
+        alerts_check.record()
+        checks.append(alerts_check if alerts_check.outcomes else None)
         stored, failures, check = store_bills(warehouse, plan.bills, lambda periods: _validation(warehouse, "bills", periods))
         checks.append(check)
         result.bills_stored += stored
@@ -422,9 +430,18 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None,
     _judge(check, rows)
     failed = {row["period_start"]: check.message("hour", row["period_start"])
               for row in rows if row["dq_status"] == "failed"}
+    # Alerts of the billing periods over these hours, from their published final panes: written before
+    # the ledger rows that mark the hours done, so a crash in between freezes (and alerts) them again.
+    refresh_alerts(warehouse, hours, rows, check)
     check.record()
     st.write_ledger_rows(warehouse, _store(rows), op="freeze")
     return failed
+
+
+def alert_failures(check) -> list[str]:
+    """The messages of the billing periods whose alerts failed a critical check in ``check`` (not stored)."""
+    starts = sorted({o.period_start for o in check.outcomes if o.grain == "alert" and o.critical and not o.success})
+    return [f"alerts: {check.message('alert', start)}" for start in starts]
 
 
 def _hours_with_rows(warehouse: Warehouse, hours: list[datetime]) -> set[datetime]:
@@ -792,7 +809,7 @@ def _sources_between(warehouse: Warehouse, start: datetime, end: datetime) -> in
 
 #: Tables kept forever and keyed finer than a month: their frozen days (``daily``: months) are merged.
 MERGED = ("hourly", "panes", "daily")
-#: Tables a close compacts and checkpoints (``monthly`` and ``bills`` take a commit a month at most).
+#: Tables a close compacts and checkpoints (``monthly``, ``bills`` and ``alerts`` take few commits a month).
 MAINTAINED = ("packets", "hourly", "panes", "source_panes", "periods", "batches", "clocks", "rejects", "late_packets",
               "daily", "dq_results")
 #: How often a close deletes the files no table needs any more. Wall-clock time, as their retention
@@ -807,7 +824,7 @@ def maintain(warehouse: Warehouse, merge_before: datetime | None = None) -> None
     a table costs more with each file and with each commit since its checkpoint), and every
     ``VACUUM_EVERY`` delete the files no longer needed and bring older tables to today's settings."""
     vacuum = _vacuum_due(warehouse)
-    for name in MAINTAINED + (("monthly", "bills") if vacuum else ()):
+    for name in MAINTAINED + (("monthly", "bills", "alerts") if vacuum else ()):
         table = warehouse.table(name)
         changed = table.configure() if vacuum else False
         merged = table.merge(merge_before) if merge_before is not None and name in MERGED else 0

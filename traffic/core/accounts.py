@@ -11,6 +11,11 @@ produced it, and a later edit of the file cannot pass for the same version.
   out of another account's ``10.0.0.0/8``. An address no block covers is ``unassigned``,
   and so is a null or unparsable address. IPv4-mapped IPv6 addresses are IPv6 addresses
   (as in ``traffic.io.captures``): they match IPv6 blocks only.
+* A version may set **limits** per account (``[version.limits.<account>]``): ``quota_bytes``
+  (``bytes_total`` per billing period) and ``commit_bps`` (the committed rate the 95th
+  percentile is billed against). Alerts are raised when the final panes cross them
+  (``traffic.core.alerts``). A version's id covers its limits only when it has any, so the id
+  of a version without limits is the same as before limits existed.
 * Validation happens on load, and an error names the file, the line and the entry.
   A block with host bits set (``10.1.2.3/16``) is rejected, not normalised: on a bill an
   entry that could mean a /16 or a single host is a typo to fix, not a guess to make.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 import ipaddress
 import json
 import re
@@ -38,7 +44,8 @@ UNASSIGNED = "unassigned"
 # Mapping changes take effect on a 5-minute pane boundary, so every pane has one version.
 _PANE = timedelta(minutes=5)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_VERSION_KEYS = ("name", "effective_from", "accounts")
+_VERSION_KEYS = ("name", "effective_from", "accounts", "limits")
+LIMIT_KEYS = ("quota_bytes", "commit_bps")
 # Exactly the dotted quads Python's ipaddress accepts (no leading zeros, octets <= 255).
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4 = rf"^{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}$"
@@ -55,12 +62,27 @@ def _utc(ts: datetime) -> datetime:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """An account's limits in one version: bytes per billing period and the committed rate (None: no limit)."""
+
+    quota_bytes: int | None = None
+    commit_bps: int | float | None = None
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in (("quota_bytes", self.quota_bytes), ("commit_bps", self.commit_bps)) if v is not None}
+
+
+NO_LIMITS = Limits()
+
+
+@dataclass(frozen=True)
 class AccountVersion:
     """One complete mapping, account → canonical CIDR blocks, in force from ``effective_from``."""
 
     name: str
     effective_from: datetime | None
     accounts: Mapping[str, tuple[str, ...]]
+    limits: Mapping[str, Limits] = field(default_factory=dict)
     _names: tuple[str, ...] = field(init=False, repr=False, compare=False)
     _scalar: Mapping[int, tuple[tuple[int, Mapping[int, int]], ...]] = field(init=False, repr=False, compare=False)
     _ipv4: tuple[tuple[int, np.ndarray, np.ndarray], ...] = field(init=False, repr=False, compare=False)
@@ -93,8 +115,14 @@ class AccountVersion:
             "effective_from": None if self.effective_from is None else self.effective_from.isoformat(),
             "accounts": {name: sorted(self.accounts[name]) for name in sorted(self.accounts)},
         }
+        if self.limits:  # only then: a version without limits keeps the id it had before limits existed
+            content["limits"] = {name: self.limits[name].as_dict() for name in sorted(self.limits)}
         digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
         return f"{self.name}@{digest[:10]}"
+
+    def limits_of(self, account: str | None) -> Limits:
+        """The account's limits in this version (``NO_LIMITS`` when it has none)."""
+        return self.limits.get(account, NO_LIMITS) if account is not None else NO_LIMITS
 
     def lookup(self, ip: str | None) -> str:
         """The account of one address: longest matching prefix, else ``unassigned``."""
@@ -173,6 +201,15 @@ class AccountMap:
         starts = [version.effective_from for version in self.versions]
         position = bisect.bisect_right(starts, _utc(ts))
         return self.versions[position - 1] if position else NO_ACCOUNTS
+
+    def by_id(self, version_id: str | None) -> AccountVersion | None:
+        """The version with this id (``name@hash``), if the file still has it unchanged."""
+        return next((v for v in self.versions if v.id == version_id), None)
+
+    @property
+    def has_limits(self) -> bool:
+        """Whether any version sets a limit for any account."""
+        return any(v.limits for v in self.versions)
 
     def versions_during(self, start: datetime, end: datetime) -> tuple[AccountVersion, ...]:
         """The versions in force at some time in ``[start, end)``, oldest first."""
@@ -265,7 +302,38 @@ def _parse_version(entry: Mapping[str, Any], number: int, where: _Where) -> Acco
             owner_of[network] = account
             networks.append(str(network))
         blocks[account] = tuple(networks)
-    return AccountVersion(name, effective_from, blocks)
+    return AccountVersion(name, effective_from, blocks, _parse_limits(entry.get("limits"), blocks, label, number,
+                                                                      where))
+
+
+def _parse_limits(value: Any, accounts: Mapping[str, tuple[str, ...]], label: str, number: int,
+                  where: _Where) -> dict[str, Limits]:
+    """``[version.limits.<account>]`` tables: positive ``quota_bytes`` (integer) and/or ``commit_bps``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise where.error(number, f"{label}: limits must be tables [version.limits.<account>], not {value!r}",
+                          key="limits")
+    limits: dict[str, Limits] = {}
+    for account, table in value.items():
+        entry_label = f"{label}, limits of account {account!r}"
+        if account not in accounts:
+            raise where.limit_error(number, account, None,
+                                    f"{entry_label}: the account is not in this version's [version.accounts] "
+                                    f"(accounts: {', '.join(sorted(accounts)) or 'none'})")
+        if not isinstance(table, dict) or not table:
+            raise where.limit_error(number, account, None, f"{entry_label}: give quota_bytes and/or commit_bps")
+        for key, amount in table.items():
+            if key not in LIMIT_KEYS:
+                raise where.limit_error(number, account, key, f"{entry_label}: unknown key {key!r} (known: "
+                                                              f"{', '.join(LIMIT_KEYS)})")
+            whole = isinstance(amount, int) and not isinstance(amount, bool)
+            number_ok = whole or (key == "commit_bps" and isinstance(amount, float) and math.isfinite(amount))
+            if not number_ok or amount <= 0:
+                kind = "a positive whole number of bytes" if key == "quota_bytes" else "a positive number of bits/s"
+                raise where.limit_error(number, account, key, f"{entry_label}: {key} = {amount!r} is not {kind}")
+        limits[account] = Limits(table.get("quota_bytes"), table.get("commit_bps"))
+    return limits
 
 
 def _parse_block(value: Any, label: str, number: int, where: _Where) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
@@ -325,6 +393,29 @@ class _Where:
     def error(self, number: int | None, message: str, key: str | None = None, value: Any = None) -> AccountsError:
         """An error in version ``number`` (None: top level), at the line of ``key`` or ``value`` if found."""
         line = self._line(number, key, value)
+        return AccountsError(f"{self.source}:{line}: {message}" if line else f"{self.source}: {message}")
+
+    def limit_error(self, number: int, account: str, key: str | None, message: str) -> AccountsError:
+        """An error in ``[version.limits.<account>]`` of version ``number``, at the line of ``key`` in that table."""
+        line = None
+        if self.headers:
+            first = self.headers[number - 1]
+            last = self.headers[number] if number < len(self.headers) else len(self.lines)
+            header = re.compile(rf"""^\s*\[\s*version\s*\.\s*limits\s*\.\s*(["']?){re.escape(account)}\1\s*\]""")
+            key_line = re.compile(rf"""^\s*(["']?){re.escape(key)}\1\s*=""") if key else None
+            start = next((i for i in range(first, last) if header.match(self.lines[i])), None)
+            if start is not None:
+                line = start + 1
+                if key_line is not None:
+                    for index in range(start + 1, last):
+                        code = self.lines[index].split("#", 1)[0]
+                        if code.strip().startswith("["):
+                            break
+                        if key_line.match(code):
+                            line = index + 1
+                            break
+            else:
+                line = self._line(number, account if key is None else key, None)
         return AccountsError(f"{self.source}:{line}: {message}" if line else f"{self.source}: {message}")
 
     def _line(self, number: int | None, key: str | None, value: Any) -> int | None:

@@ -221,6 +221,10 @@ class Bill:
     p95_out_bps: float
     billable_bps: float
     mapping_versions: tuple[str, ...]
+    #: The account's committed rate (``commit_bps`` of its accounts-file version) and the billable rate above it
+    #: (``max(0, billable_bps − commit_bps)``); None when it has no commit.
+    commit_bps: float | None = None
+    overage_bps: float | None = None
 
 
 def compute_bill(

@@ -140,6 +140,10 @@ class Settings:
     billing_cycle_day: int = 1
     billing_timezone: str = "UTC"
     billing_unknown_direction: str = "in"
+    # Alerts (``traffic.orchestration.notify``): the Airflow SMTP connection they are mailed through (a log
+    # line per alert when it is not configured) and who gets them.
+    alerts_smtp_conn_id: str = "smtp_default"
+    alerts_email_to: tuple[str, ...] = ()
     exporters: Mapping[str, str] = field(default_factory=dict)  # exporter address → source name (``traffic collect``)
     # Flow telemetry (DESIGN §7a): sources whose captures hold export traffic (a ``.flows.pcap`` file
     # from ``traffic collect`` is telemetry whatever its source), per-source sampling rates (they
@@ -201,6 +205,8 @@ _PARSERS = {
     "billing_cycle_day": lambda n, v: _parse_cycle_day(n, v),
     "billing_timezone": lambda n, v: _parse_timezone(n, v),
     "billing_unknown_direction": lambda n, v: _choice(n, v, ("in", "out", "both", "ignore")),
+    "alerts_smtp_conn_id": lambda n, v: str(v).strip() or "smtp_default",
+    "alerts_email_to": lambda n, v: _parse_list(v),
     "exporters": lambda n, v: _parse_exporters(n, v),
     "telemetry_sources": lambda n, v: _parse_list(v),
     "sampling_rates": lambda n, v: _parse_per_source(n, v, _parse_rate),

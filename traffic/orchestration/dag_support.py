@@ -303,3 +303,12 @@ def replay_arguments(params: Mapping[str, Any]) -> list[str]:
             raise SettingsError("restate needs a reason (it is recorded in the ledger)")
         args += ["--restate", f"--reason={text('reason')}"]
     return args
+
+
+# -- alerts --------------------------------------------------------------------------------------
+
+def notify_alerts() -> dict:
+    """Send the stored alerts not sent yet through the Airflow notifier (``traffic.orchestration.notify``)."""
+    from traffic.orchestration.notify import notify_pending  # deferred: DAG parsing stays light
+
+    return notify_pending(settings_from_env())

@@ -41,7 +41,7 @@ from traffic.storage import state as st
 
 UTC = timezone.utc
 SUITE_DIR = Path(__file__).resolve().parents[2] / "expectations"
-SUITES = ("packets", "late_packets", "rejects", "hourly", "daily", "monthly", "periods", "panes", "bills")
+SUITES = ("packets", "late_packets", "rejects", "hourly", "daily", "monthly", "periods", "panes", "bills", "alerts")
 #: Failing rows collected per expectation in the second pass; beyond it, failures are not attributed
 #: to single periods and every period of the batch fails (fail closed).
 SAMPLE_ROWS = 1000
@@ -114,7 +114,7 @@ def markup_free(value):
 def period_label(grain: str, start: datetime) -> str:
     """``2026-11-01T10:00Z``, ``2026-11-01`` or ``2026-11`` (a billing period: its UTC start to the minute)."""
     return {"hour": f"{start:%Y-%m-%dT%H:00Z}", "day": f"{start:%Y-%m-%d}", "month": f"{start:%Y-%m}",
-            "bill": f"{start:%Y-%m-%dT%H:%MZ}"}[grain]
+            "bill": f"{start:%Y-%m-%dT%H:%MZ}", "alert": f"{start:%Y-%m-%dT%H:%MZ}"}[grain]
 
 
 def as_period(value: Any) -> datetime:

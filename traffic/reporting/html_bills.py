@@ -244,7 +244,11 @@ def _figures(row: dict) -> str:
              ("billable pane (bytes)", "billable_pane_bytes", "bytes")]
     body = "".join(f'<tr data-figure="{name}"><td>{label}</td>{_num(row[name], kind)}</tr>' for label, name, kind in cells)
     for label, name in (("95th percentile in", "p95_in_bps"), ("95th percentile out", "p95_out_bps"),
-                        ("billable rate", "billable_bps")):
+                        ("billable rate", "billable_bps"), ("committed rate", "commit_bps"),
+                        ("overage over the commit", "overage_bps")):
+        if row.get(name) is None:  # no commit (or a bill stored before commits existed)
+            body += f'<tr data-figure="{name}"><td>{label}</td><td class="n" data-bps="">-</td></tr>'
+            continue
         body += (f'<tr data-figure="{name}"><td>{label}</td><td class="n" data-bps="{row[name]!r}">'
                  f'{row[name]:,.3f} bit/s ({_e(human_bps(row[name]))})</td></tr>')
     for label, name in (("billing rule", "billing_rule"), ("unknown direction counts as", "billing_unknown_direction"),

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic.storage import state as st
+from traffic.accounting.alerts import read_alerts
 from traffic.core.periods import next_month
 from traffic.storage.delta import StorageError, Warehouse
 from traffic.quality.suites import docs_pages, period_label, reports_dir
@@ -26,7 +27,7 @@ from traffic.reporting.report import clock_warnings, telemetry_health
 from traffic.core.settings import Settings
 from traffic.reporting.html_bills import write_bill_pages
 from traffic.reporting.top import TopError, top_talkers
-from traffic.reporting.html_bills import bills_table
+from traffic.reporting.html_bills import bills_table, human_bps
 
 UTC = timezone.utc
 HOURS_SHOWN = 72
@@ -303,6 +304,7 @@ def render(warehouse: Warehouse, generated: datetime, top_last: timedelta = TOP_
     out.append('<section id="top"><div class="cols">' + "".join(tables) + '</div></section>')
     out.append(_top_talkers_section(warehouse, top_last))
     out.append(_bills_section(bills))
+    out.append(_alerts_section(warehouse))
 
     # Late and rejected
     late_by_day: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -375,6 +377,30 @@ def _bills_section(bills) -> str:
             '95th-percentile rate, for the last two periods with final panes. Each account links to its bills page '
             '(rate per 5-minute pane with the 95th percentile, monthly totals); every period: '
             '<a href="bills/index.html">all bills</a>.</p>' + bills_table(list(bills)[-2:], "bills/") + '</section>')
+
+
+def _alerts_section(warehouse: Warehouse) -> str:
+    """The quota and commit alerts of the latest billing periods that have any (``traffic alerts``)."""
+    rows = read_alerts(warehouse)
+    body = "".join(
+        f'<tr data-alert="{_e(r["alert_id"])}" data-kind="{_e(r["kind"])}"><td>{_e(r["period"])}</td>'
+        f'<td>{_e(r["kind"])}</td><td>{_e(r["account"])}</td><td class="p">{r["hour"]:%Y-%m-%d %H:00}</td>'
+        f'<td class="n" data-observed="{r["observed"]}">{r["observed"]:,} {_e(r["unit"])}</td>'
+        f'<td class="n" data-threshold="{r["threshold"]}">{r["threshold"]:,} {_e(r["unit"])}</td>'
+        f'<td class="n">{_e(_limit_text(r))}</td><td>{_e(r["mapping_version"])}</td></tr>'
+        for r in reversed(rows))
+    return ('<section id="alerts"><h2>Alerts</h2><p class="note">Quota and commit crossings per account and billing '
+            'period (limits in the accounts file), from final panes of published hours: the hour at whose end the '
+            'period\'s bytes reached the quota, or the 95th percentile became certain to exceed the commit. One per '
+            'crossing; <code>traffic alerts</code> lists them all.</p><table><tr><th>period</th><th>kind</th>'
+            '<th>account</th><th>hour (UTC)</th><th>observed</th><th>threshold</th><th>limit</th><th>version</th></tr>'
+            + (body or '<tr><td colspan="8" class="empty">No alert.</td></tr>') + '</table></section>')
+
+
+def _limit_text(alert: dict) -> str:
+    if alert["kind"] == "quota":
+        return f"{alert['quota_bytes']:,} bytes"
+    return human_bps(alert["commit_bps"])
 
 
 def _quality_section(ledger: list[dict], results: list[dict], pages: dict) -> str:

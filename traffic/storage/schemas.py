@@ -31,6 +31,7 @@ TABLES = (
     "panes",
     "bills",
     "flow_state",
+    "alerts",
 )
 
 _ARROW_TYPES = {

@@ -1,0 +1,152 @@
+"""Send the ``alerts`` table's rows through an Airflow notifier, each alert once (the hourly DAG's ``notify_alerts``).
+
+``AlertNotifier`` is an Airflow notifier (``airflow.sdk.BaseNotifier``): it mails every alert it is
+given through the SMTP connection ``alerts_smtp_conn_id`` (``TRAFFIC_ALERTS_SMTP_CONN_ID``, default
+``smtp_default``; the smtp provider's ``SmtpHook``) to ``alerts_email_to`` when both are configured,
+and otherwise writes one log line per alert. ``notify_pending`` hands it the alerts whose id is not
+in ``<warehouse>/_traffic/alerts-sent.json`` yet and records each id there as soon as it is sent,
+so a rerun, a backfill of the same hours or a replay that recomputes the same alerts (same ids)
+sends nothing new. A crash between a send and its record can send that one alert again: at least
+once, never lost. Alert text is data, never a Jinja template (the notifier templates no field).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import html
+import json
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterable
+
+from airflow.sdk import BaseNotifier
+
+log = logging.getLogger(__name__)
+
+SENT_FILE = "alerts-sent.json"
+
+
+def describe(alert: dict) -> str:
+    """One line a person reads: what was crossed, by whom, when."""
+    if alert["kind"] == "quota":
+        what = (f"bytes_total reached {alert['observed']:,} bytes, quota {alert['quota_bytes']:,} bytes")
+    else:
+        what = (f"95th percentile certain to exceed the commit of {alert['commit_bps']:,.0f} bit/s "
+                f"({alert['observed']:,} of threshold {alert['threshold']:,} {alert['unit']}; at least "
+                f"{alert['observed_bps'] or 0:,.0f} bit/s so far)")
+    return (f"{alert['kind']} alert: account {alert['account']!r}, billing period {alert['period']}: {what}, at the "
+            f"end of hour {alert['hour']:%Y-%m-%d %H:00} UTC (mapping {alert['mapping_version']}, id "
+            f"{alert['alert_id']})")
+
+
+class AlertNotifier(BaseNotifier):
+    """Mails each alert through an SMTP connection when one is configured (and recipients given), else logs it.
+
+    ``on_sent(alert_id)`` is called after each alert is sent (or logged).
+    """
+
+    template_fields = ()  # alerts carry account names from the accounts file: data, not templates
+
+    def __init__(self, alerts: Iterable[dict], smtp_conn_id: str = "smtp_default", to: Iterable[str] = (),
+                 from_email: str | None = None, on_sent: Callable[[str], None] | None = None):
+        super().__init__()
+        self.alerts = list(alerts)
+        self.smtp_conn_id = smtp_conn_id
+        self.to = tuple(to)
+        self.from_email = from_email
+        self.on_sent = on_sent or (lambda alert_id: None)
+        self.channel = None  # "smtp" or "log", once notified
+
+    def smtp_configured(self) -> bool:
+        """Whether the SMTP connection exists (Airflow's connections: metadata DB, secrets, AIRFLOW_CONN_*)."""
+        from airflow.providers.smtp.hooks.smtp import SmtpHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            SmtpHook.get_connection(self.smtp_conn_id)
+        except AirflowNotFoundException:
+            return False
+        return True
+
+    def notify(self, context) -> None:
+        if not self.alerts:
+            return
+        if not self.to or not self.smtp_configured():
+            self.channel = "log"
+            why = "no alerts_email_to" if not self.to else f"no SMTP connection {self.smtp_conn_id!r}"
+            for alert in self.alerts:
+                self.log.warning("%s [not mailed: %s]", describe(alert), why)
+                self.on_sent(alert["alert_id"])
+            return
+        from airflow.providers.smtp.hooks.smtp import SmtpHook
+
+        self.channel = "smtp"
+        with SmtpHook(smtp_conn_id=self.smtp_conn_id) as hook:
+            sender = self.from_email or hook.from_email or "traffic@localhost"
+            for alert in self.alerts:
+                hook.send_email_smtp(to=list(self.to), from_email=sender,
+                                     subject=f"[traffic] {alert['kind']} alert: {alert['account']} "
+                                             f"({alert['period']})",
+                                     html_content=f"<p>{html.escape(describe(alert))}</p>")
+                self.log.info("mailed: %s", describe(alert))
+                self.on_sent(alert["alert_id"])
+
+
+# -- the record of sent alerts -----------------------------------------------------------------
+
+def sent_path(warehouse) -> Path:
+    return warehouse.state_dir() / SENT_FILE
+
+
+def read_sent(warehouse) -> set[str]:
+    """The ids of the alerts already sent."""
+    path = sent_path(warehouse)
+    return set(json.loads(path.read_text())["sent"]) if path.exists() else set()
+
+
+def _record_sent(warehouse, sent: set[str]) -> None:
+    path = sent_path(warehouse)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"sent": sorted(sent)}, indent=1))
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    tmp.replace(path)  # a reader never sees half a record
+
+
+@contextmanager
+def _one_notifier(warehouse):
+    """One notifier at a time per warehouse (a scheduled run beside a backfill); not the warehouse lock, so a
+    slow mail server never holds up ingest and close."""
+    with open(warehouse.state_dir() / "alerts-sent.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def notify_pending(settings, context=None) -> dict:
+    """Send every stored alert not sent before through ``AlertNotifier``; what was sent, and how."""
+    from traffic.accounting.alerts import read_alerts  # deferred: DAG parsing stays light
+    from traffic.storage.delta import Warehouse  # deferred: DAG parsing stays light
+
+    warehouse = Warehouse(settings, engine="rs")
+    if not warehouse.exists():
+        return {"sent": [], "channel": None}
+    with _one_notifier(warehouse):
+        sent = read_sent(warehouse)
+        pending = [a for a in read_alerts(warehouse, latest=10**6) if a["alert_id"] not in sent]
+        now_sent: list[str] = []
+
+        def record(alert_id: str) -> None:
+            sent.add(alert_id)
+            now_sent.append(alert_id)
+            _record_sent(warehouse, sent)
+
+        notifier = AlertNotifier(pending, settings.alerts_smtp_conn_id, settings.alerts_email_to, on_sent=record)
+        notifier(dict(context or {}))
+    log.info("alerts: %d sent (%s), %d sent before", len(now_sent), notifier.channel or "nothing new",
+             len(sent) - len(now_sent))
+    return {"sent": now_sent, "channel": notifier.channel}
