@@ -1,4 +1,5 @@
-"""``traffic`` — the command line: ingest, close, run, status, show, report, accept, replay, bill, spark, demo, collect.
+"""``traffic`` — the command line: ingest, close, run, status, show, report, accept, replay, bill, alerts, spark, demo,
+collect, metrics, export.
 
 Errors a person can fix print one line and exit 2 (a file or folder this user may not write, or
 a full or read-only disk, among them); a failed check exits 3; anything unexpected prints one line
@@ -196,19 +197,69 @@ def cmd_status(args, settings, spark) -> int:
     return 0
 
 
-def cmd_show(args, settings, spark) -> int:
-    from traffic.reporting.report import show  # deferred: per command (see the docstring)
+def _output(args):
+    """The file of ``--out`` for a machine ``--format`` (None: stdout), checked before any work."""
+    from traffic.core.settings import SettingsError  # deferred: per command (see the docstring)
+    from traffic.reporting.export import output_path  # deferred: per command (see the docstring)
 
+    if getattr(args, "json", False) and args.format != "table":
+        raise SettingsError(f"--json and --format {args.format}: give one of them (--format json is a JSON object "
+                            "per row)")
+    if args.format == "table":
+        if args.out:
+            raise SettingsError("--out writes a machine format: add --format csv, json or parquet")
+        return None
+    return output_path(args.format, args.out)
+
+
+def _write_machine(args, table, out) -> int:
+    """Rows in ``--format`` csv/json/parquet to ``--out`` (a one-line summary on stderr) or stdout."""
+    from traffic.reporting.export import write_rows  # deferred: per command (see the docstring)
+
+    written = write_rows(table, args.format, out, sys.stdout)
+    if out is not None:
+        print(f"traffic {args.command}: {written.rows:,} rows, {written.bytes:,} bytes written to {written.where()}",
+              file=sys.stderr)
+    return 0
+
+
+def cmd_show(args, settings, spark) -> int:
+    from traffic.reporting.report import show, show_rows  # deferred: per command (see the docstring)
+
+    out = _output(args)
+    if args.format != "table":
+        rows = show_rows(settings, args.what, args.__dict__.get("from"), args.to, args.top, every_column=True)
+        return _write_machine(args, rows, out)
     print(printable_lines(show(settings, args.what, args.__dict__.get("from"), args.to, args.top)))
+    return 0
+
+
+def cmd_export(args, settings, spark) -> int:
+    """Write a table's rows over ``[--from, --to)``, streamed one storage key at a time (docs/exports.md)."""
+    from traffic.core.settings import parse_time  # deferred: per command (see the docstring)
+    from traffic.reporting.export import export_table, exportable, output_path, summary  # deferred: per command
+    from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
+
+    exportable(args.table)
+    out = output_path(args.format, args.out)
+    start, end = parse_time("--from", args.__dict__["from"]), parse_time("--to", args.to)
+    written = export_table(Warehouse(settings, engine="rs"), args.table, start, end, args.format, out,
+                           include_open=args.include_open, progress=progress, stream=sys.stdout)
+    print(summary(args.table, start, end, written), file=sys.stderr)
     return 0
 
 
 def cmd_top(args, settings, spark) -> int:
     from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
     from traffic.core.settings import parse_duration  # deferred: per command (see the docstring)
-    from traffic.reporting.top import top_talkers  # deferred: per command (see the docstring)
+    from traffic.reporting.top import talkers_table, top_talkers  # deferred: per command (see the docstring)
 
+    out = _output(args)
     result = top_talkers(Warehouse(settings, engine="rs"), parse_duration("--last", args.last), args.by, args.limit)
+    if args.format != "table":
+        if result.note:
+            print(f"note: {printable(result.note)}", file=sys.stderr)
+        return _write_machine(args, talkers_table(result), out)
     if args.json:
         print(json.dumps({"by": result.by, "start": result.start, "end": result.end, "keys": result.keys,
                           "note": result.note, "rows": result.rows}, indent=1, default=str))
@@ -254,6 +305,7 @@ def cmd_bill(args, settings, spark) -> int:
     from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
     from traffic.core.settings import SettingsError  # deferred: per command (see the docstring)
 
+    out = _output(args)
     warehouse = Warehouse(settings, engine="rs")
     if not warehouse.exists():
         raise SettingsError(f"no warehouse at {settings.warehouse}")
@@ -271,6 +323,12 @@ def cmd_bill(args, settings, spark) -> int:
         rows = bill_rows(result)
         status = ("final, not stored (a close stores closed periods in order)" if result.final else
                   f"provisional: {result.hours_final} of {result.hours_needed} hour(s) final; not stored")
+    if args.format != "table":
+        from traffic.reporting.export import rows_table  # deferred: per command (see the docstring)
+        from traffic.storage.schemas import arrow_schema  # deferred: per command (see the docstring)
+
+        table = rows_table(rows, arrow_schema("bills"), final=result.final, stored=bool(stored))
+        return _write_machine(args, table, out)
     if args.json:
         doc = {"period": result.period.label, "period_start": result.period.start_utc.isoformat(),
                "period_end": result.period.end_utc.isoformat(), "final": result.final, "stored": bool(stored),
@@ -283,12 +341,47 @@ def cmd_bill(args, settings, spark) -> int:
           f"{first['panes']:,} panes (95th percentile = pane {first['p95_rank'] or '-'} of them by size), "
           f"rule {first['billing_rule']}, unknown direction → {first['billing_unknown_direction']}; {status}")
     print(f"{'account':<20} {'bytes_in':>18} {'bytes_out':>18} {'bytes_total':>18} {'p95_in_bps':>16} "
-          f"{'p95_out_bps':>16} {'billable_bps':>16}")
+          f"{'p95_out_bps':>16} {'billable_bps':>16} {'commit_bps':>16} {'overage_bps':>16}")
     for r in rows:
+        commit, overage = r.get("commit_bps"), r.get("overage_bps")  # null: no commit (or stored before commits)
         print(f"{printable(r['account']):<20} {r['bytes_in']:>18,} {r['bytes_out']:>18,} {r['bytes_total']:>18,} "
-              f"{r['p95_in_bps']:>16,.3f} {r['p95_out_bps']:>16,.3f} {r['billable_bps']:>16,.3f}")
+              f"{r['p95_in_bps']:>16,.3f} {r['p95_out_bps']:>16,.3f} {r['billable_bps']:>16,.3f} "
+              f"{'-' if commit is None else f'{commit:,.3f}':>16} {'-' if overage is None else f'{overage:,.3f}':>16}")
     versions = sorted({v for r in rows for v in r["mapping_versions"]})
     print(f"mapping version(s): {printable(', '.join(versions) or '-')}")
+    return 0
+
+
+def cmd_alerts(args, settings, spark) -> int:
+    """Print the stored quota and commit alerts: of one billing period, or of the latest periods that have any."""
+    from traffic.accounting.alerts import read_alerts  # deferred: per command (see the docstring)
+    from traffic.accounting.bills import billing_cycle  # deferred: per command (see the docstring)
+    from traffic.core.billing import BillingError  # deferred: per command (see the docstring)
+    from traffic.core.settings import SettingsError  # deferred: per command (see the docstring)
+    from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
+
+    warehouse = Warehouse(settings, engine="rs")
+    if not warehouse.exists():
+        raise SettingsError(f"no warehouse at {settings.warehouse}")
+    try:
+        period = billing_cycle(settings).period_for(args.period) if args.period else None
+    except BillingError as error:
+        raise SettingsError(str(error)) from None
+    rows = read_alerts(warehouse, period, args.account)
+    if args.json:
+        print(json.dumps([{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items()} for r in rows],
+                         indent=1))
+        return 0
+    scope = f"period {period.label}" if period else "the latest billing periods with alerts"
+    print(f"alerts of {scope}" + (f", account {printable(args.account)}" if args.account else "") + f": {len(rows)}")
+    if rows:
+        print(f"{'period':<8} {'kind':<7} {'account':<20} {'hour (UTC)':<17} {'observed':>22} {'threshold':>22} "
+              f"{'limit':>24}  version")
+    for r in rows:
+        limit = f"{r['quota_bytes']:,} bytes" if r["kind"] == "quota" else f"{r['commit_bps']:,.0f} bit/s"
+        print(f"{printable(r['period']):<8} {r['kind']:<7} {printable(r['account']):<20} {r['hour']:%Y-%m-%d %H:%M} "
+              f"{r['observed']:>16,} {r['unit']:<5} {r['threshold']:>16,} {r['unit']:<5} {limit:>24}  "
+              f"{printable(r['mapping_version'])}")
     return 0
 
 
@@ -338,6 +431,19 @@ def cmd_collect(args, settings, spark) -> int:
     return run(settings.inbox, settings.exporters, options)
 
 
+def cmd_metrics(args, settings, spark) -> int:
+    """Print the warehouse's Prometheus metrics, recomputed from its tables (no Spark); --write refreshes the file."""
+    from traffic.reporting import metrics  # deferred: per command (see the docstring)
+
+    warehouse = metrics.existing(settings)
+    families = metrics.collect(warehouse)
+    if args.write:
+        path = metrics.write_metrics(warehouse, families)
+        print(f"metrics: wrote {printable(path)}", file=sys.stderr)
+    print(printable_lines(metrics.exposition(families).rstrip("\n")))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="traffic", description="Traffic accounting lakehouse.")
     parser.add_argument("--version", action="version", version=f"traffic {__version__}")
@@ -359,12 +465,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--until", help="as for close")
     status = sub.add_parser("status", parents=[common], help="watermark, clocks, open hours, last closed periods")
     status.add_argument("--json", action="store_true")
-    show = sub.add_parser("show", parents=[common], help="print a table")
+    formats = argparse.ArgumentParser(add_help=False)
+    formats.add_argument("--format", default="table", choices=["table", "csv", "json", "parquet"],
+                         help="table (default: text for people), or every column with exact values and ISO-8601 "
+                              "UTC times: csv, json (JSON lines: one object per row), parquet (needs --out); "
+                              "docs/exports.md")
+    formats.add_argument("--out", metavar="PATH", help="write the --format file here, atomically (default: stdout)")
+    show = sub.add_parser("show", parents=[common, formats], help="print a table")
     show.add_argument("what", choices=["hourly", "daily", "monthly", "periods", "late", "rejects", "batches", "sources",
                                        "account-daily", "account-monthly"])
     show.add_argument("--from", help="first period (ISO date or time)")
     show.add_argument("--to", help="end of the range, exclusive (ISO date or time)")
-    show.add_argument("--top", type=int, default=20, help="rows to print (largest by bytes first)")
+    show.add_argument("--top", type=int, default=20,
+                      help="rows to print, largest by bytes first (default 20; 0: all), in every --format")
     replay = sub.add_parser("replay", parents=[common, timed],
                             help="import archived files for a time range (or restate a frozen range), then close")
     replay.add_argument("--from", required=True, help="start of the range (ISO time, inclusive)")
@@ -373,27 +486,57 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--source", help="source of every file (default: sub-folder name, else 'default')")
     replay.add_argument("--restate", action="store_true", help="replace the frozen range from the archive (audited)")
     replay.add_argument("--reason", help="why the range is restated (required with --restate)")
-    top = sub.add_parser("top", parents=[common], help="top talkers over a window ending at the watermark (no Spark)")
+    top = sub.add_parser("top", parents=[common, formats],
+                         help="top talkers over a window ending at the watermark (no Spark)")
     top.add_argument("--last", required=True, help="window length: 15m, 1h, 24h, 7d (any duration)")
     top.add_argument("--by", default="host", choices=["host", "peer", "account"],
                      help="host = local address, peer = remote address, account = accounts_file (default host)")
     top.add_argument("--limit", type=int, default=10, help="rows to print (default 10)")
-    top.add_argument("--json", action="store_true")
+    top.add_argument("--json", action="store_true",
+                     help="one JSON document: the window and its rows (--format json: a JSON object per row)")
     report = sub.add_parser("report", parents=[common],
                             help="write the HTML traffic report to <warehouse>/_reports/index.html (no Spark)")
     report.add_argument("--top-last", default="24h",
                         help="window of the top-talkers tables, ending at the watermark (default 24h; 7d, 90m …)")
+    metrics_help = ("print the Prometheus metrics (docs/metrics.md), recomputed from the warehouse's tables, so they "
+                    "are right even when no job has run since an upgrade (no Spark); every job writes them to "
+                    "<warehouse>/_reports/metrics.prom")
+    metrics = sub.add_parser("metrics", parents=[common], help=metrics_help, description=metrics_help[0].upper()
+                             + metrics_help[1:] + ".")
+    metrics.add_argument("--write", action="store_true",
+                         help="also rewrite <warehouse>/_reports/metrics.prom (atomically) with these figures")
     accept = sub.add_parser("accept", parents=[common],
                             help="accept a period that failed its checks (audited); roll-ups then proceed")
     accept.add_argument("--period", required=True, help="the failed period: 2026-11 (month), 2026-11-01 (day) "
                         "or 2026-11-01T10:00Z (hour)")
     accept.add_argument("--reason", required=True, help="why it is accepted (kept in the ledger)")
     accept.add_argument("--by", help="who accepts it (default: the user running the command)")
-    bill = sub.add_parser("bill", parents=[common],
+    bill = sub.add_parser("bill", parents=[common, formats],
                           help="bills of a billing period per account: volume and 95th-percentile rate (no Spark)")
     bill.add_argument("--period", required=True, help="the billing period, by the month it starts in (2026-10)")
     bill.add_argument("--account", help="one account (default: every account)")
-    bill.add_argument("--json", action="store_true", help="print the bills as JSON (exact integers and rates)")
+    bill.add_argument("--json", action="store_true", help="print the bills as one JSON document (exact integers and "
+                                                          "rates; --format json: a JSON object per bill)")
+    export = sub.add_parser("export", parents=[common],
+                            help="write a table's rows over a time range as CSV, JSON lines or Parquet, streamed one "
+                                 "storage key at a time; published periods only unless --include-open (no Spark)")
+    export.add_argument("--table", required=True,
+                        help="hourly, daily, monthly, periods, panes, bills, alerts, source_panes, packets (while raw "
+                             "detail is kept), late_packets, rejects, batches or dq_results")
+    export.add_argument("--from", required=True, help="start of the range on the table's time column (ISO date or "
+                                                      "time, inclusive; docs/exports.md names each table's column)")
+    export.add_argument("--to", required=True, help="end of the range (ISO date or time, exclusive)")
+    export.add_argument("--format", required=True, choices=["csv", "json", "parquet"],
+                        help="csv, json (JSON lines: one object per row) or parquet (needs --out)")
+    export.add_argument("--out", metavar="PATH", help="the file, written atomically (default: stdout, csv and json)")
+    export.add_argument("--include-open", action="store_true",
+                        help="also rows of periods not closed yet (open hours); a failed period is never exported")
+    alerts = sub.add_parser("alerts", parents=[common],
+                            help="quota and commit alerts per account and billing period (no Spark)")
+    alerts.add_argument("--period", help="the billing period, by the month it starts in (2026-10); default: the "
+                                         "latest periods with alerts")
+    alerts.add_argument("--account", help="one account (default: every account)")
+    alerts.add_argument("--json", action="store_true", help="print the alerts as JSON")
     spark = sub.add_parser("spark", parents=[common],
                            help="keep a warm Spark for this warehouse: start, stop or status of a local Spark Connect "
                                 "server that later jobs use (spark_master auto)")
@@ -423,7 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": cmd_status, "show": cmd_show,
             "top": cmd_top, "bill": cmd_bill, "report": cmd_report, "accept": cmd_accept, "replay": cmd_replay,
-            "spark": cmd_spark, "demo": cmd_demo, "collect": cmd_collect}
+            "spark": cmd_spark, "demo": cmd_demo, "collect": cmd_collect, "alerts": cmd_alerts,
+            "metrics": cmd_metrics, "export": cmd_export}
 
 
 #: File-system errors a person fixes (ownership and permissions, a read-only mount, a full disk), with the hint.
