@@ -22,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from tests.support.exports import assert_same_rows, read_back
 from tests.support.harness import Harness, feed_line, tick_line
 from traffic.accounting.alerts import alert_id
 from traffic.app import cli
@@ -244,6 +245,28 @@ def test_traffic_alerts_lists_them(run, capsys):
     assert cli.main(["alerts", *base, "--period", "2026-11"]) == 0
     assert "alerts of period 2026-11: 0" in capsys.readouterr().out
     assert cli.main(["alerts", *base, "--period", "October"]) == 2
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
+def test_traffic_alerts_formats_read_back_to_the_table_rows(run, tmp_path, capsys, fmt):
+    harness, _ = run
+    out = tmp_path / f"alerts.{fmt}"
+    assert cli.main(["alerts", "--warehouse", str(harness.settings.warehouse), "--set",
+                     f"accounts_file={harness.root / 'accounts.toml'}", "--period", "2026-10", "--format", fmt,
+                     "--out", str(out)]) == 0
+    stored = harness.warehouse().table("alerts").read_arrow()
+    assert stored.num_rows == 2
+    assert_same_rows(read_back(out, fmt, stored.schema), stored)
+
+
+def test_status_reads_a_warehouse_made_before_the_alerts_table(run, tmp_path, capsys):
+    harness, _ = run
+    older = tmp_path / "older"
+    shutil.copytree(harness.settings.warehouse, older)
+    shutil.rmtree(older / "alerts")
+    assert cli.main(["status", "--warehouse", str(older), "--json"]) == 0
+    versions = json.loads(capsys.readouterr().out)["versions"]
+    assert "alerts" not in versions and versions["hourly"] >= 1
 
 
 def test_the_bill_shows_the_overage_over_the_commit(run, capsys):

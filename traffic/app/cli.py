@@ -367,7 +367,13 @@ def cmd_alerts(args, settings, spark) -> int:
         period = billing_cycle(settings).period_for(args.period) if args.period else None
     except BillingError as error:
         raise SettingsError(str(error)) from None
+    out = _output(args)
     rows = read_alerts(warehouse, period, args.account)
+    if args.format != "table":
+        from traffic.reporting.export import rows_table  # deferred: per command (see the docstring)
+        from traffic.storage.schemas import arrow_schema  # deferred: per command (see the docstring)
+
+        return _write_machine(args, rows_table(rows, arrow_schema("alerts")), out)
     if args.json:
         print(json.dumps([{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items()} for r in rows],
                          indent=1))
@@ -531,12 +537,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", metavar="PATH", help="the file, written atomically (default: stdout, csv and json)")
     export.add_argument("--include-open", action="store_true",
                         help="also rows of periods not closed yet (open hours); a failed period is never exported")
-    alerts = sub.add_parser("alerts", parents=[common],
+    alerts = sub.add_parser("alerts", parents=[common, formats],
                             help="quota and commit alerts per account and billing period (no Spark)")
     alerts.add_argument("--period", help="the billing period, by the month it starts in (2026-10); default: the "
                                          "latest periods with alerts")
     alerts.add_argument("--account", help="one account (default: every account)")
-    alerts.add_argument("--json", action="store_true", help="print the alerts as JSON")
+    alerts.add_argument("--json", action="store_true",
+                        help="print the alerts as one JSON document (--format json: a JSON object per alert)")
     spark = sub.add_parser("spark", parents=[common],
                            help="keep a warm Spark for this warehouse: start, stop or status of a local Spark Connect "
                                 "server that later jobs use (spark_master auto)")

@@ -52,7 +52,8 @@ def status(settings: Settings) -> dict:
         "last_closed": last,
         "pending_batch": pending["batch_id"] if pending else None,
         "telemetry": telemetry_health(ledger),
-        "versions": {name: warehouse.table(name).version() for name in TABLES},
+        # A table added by an upgrade is created by the next ingest or close; until then it has no version.
+        "versions": {name: warehouse.table(name).version() for name in TABLES if warehouse.table(name).exists()},
     }
 
 
