@@ -22,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from tests.support.accounts import V1
 from tests.support.exports import assert_same_rows, read_back
 from tests.support.harness import Harness, feed_line, tick_line
 from traffic.accounting.alerts import alert_id
@@ -38,15 +39,7 @@ START = datetime(2026, 10, 30, 8, tzinfo=UTC)
 PANES = 480
 SPLIT = 300  # the first batch ends at 2026-10-31 09:00: the quota is crossed in it, the commit in the second
 NOW = "2026-12-01T00:00:00+00:00"
-ACCOUNTS = """
-[[version]]
-name = "v1"
-effective_from = 2026-10-01
-
-[version.accounts]
-acme = ["10.0.0.0/24"]
-globex = ["10.0.1.0/24"]
-
+ACCOUNTS = V1 + """
 [version.limits.acme]
 quota_bytes = 120_000
 commit_bps = 20

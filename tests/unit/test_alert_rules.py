@@ -6,6 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from tests.support.accounts import V1
 from traffic.core.accounts import AccountsError, Limits, parse_accounts
 from traffic.core.alerts import (Crossing, burst_allowance, commit_crossing, overage_bps, pane_bytes_over,
                                  quota_crossing)
@@ -126,15 +127,7 @@ def test_overage_is_the_billable_rate_above_the_commit():
 
 # -- limits in the accounts file --------------------------------------------------------------------
 
-BASE = """
-[[version]]
-name = "v1"
-effective_from = 2026-10-01
-
-[version.accounts]
-acme = ["10.0.0.0/24"]
-globex = ["10.0.1.0/24"]
-"""
+BASE = V1
 
 
 def test_limits_are_parsed_per_account_and_change_the_id_only_when_present():
