@@ -26,6 +26,25 @@ DEMO_NETWORKS = ("192.0.2.0/24", "2001:db8:100::/48")
 LOCAL_HOSTS = [f"192.0.2.{i}" for i in range(10, 30)] + ["2001:db8:100::10", "2001:db8:100::11"]
 REMOTE_V4 = [f"198.51.100.{i}" for i in range(1, 40)] + [f"203.0.113.{i}" for i in range(1, 20)]
 REMOTE_V6 = ["2001:db8:beef::1", "2001:db8:beef::2", "2001:db8:cafe::53"]
+#: The demo's accounts (unless the settings name an accounts file): the heavy users are acme's, with a
+#: monthly quota November's first hours cross (the commit shows in the bills; the sample is too short to
+#: push a month's 95th percentile over it).
+DEMO_ACCOUNTS = """\
+# The demo's accounts: which local addresses belong to whom, and their limits (README, Billing).
+[[version]]
+name = "demo"
+effective_from = 2026-10-01
+
+[version.accounts]
+acme = ["192.0.2.8/29"]
+globex = ["192.0.2.16/28", "2001:db8:100::/48"]
+
+[version.limits.acme]
+quota_bytes = %(quota)d
+commit_bps = %(commit)d
+"""
+DEMO_QUOTA_BYTES = 40_000_000
+DEMO_COMMIT_BPS = 100_000
 
 
 def _micros(ts: datetime) -> int:
@@ -99,6 +118,10 @@ def run_demo(settings: Settings, spark, base: Path, ingest, close, progress=prin
     inbox.mkdir(parents=True)
     # The sample's own networks (flows and samples are oriented by them), unless the settings name some.
     settings = settings.replace(local_networks=settings.local_networks or DEMO_NETWORKS)
+    if settings.accounts_file is None:
+        accounts = base / "accounts.toml"
+        accounts.write_text(DEMO_ACCOUNTS % {"quota": DEMO_QUOTA_BYTES, "commit": DEMO_COMMIT_BPS})
+        settings = settings.replace(accounts_file=accounts)
     print(f"demo: sample traffic {START:%Y-%m-%d %H:%M} → {END:%Y-%m-%d %H:%M} UTC from edge-a, edge-b, quiet "
           f"and router (IPFIX and sFlow 1 in {SFLOW_RATE} over UDP to traffic collect on 127.0.0.1)")
     print(f"demo: inbox {inbox}\ndemo: warehouse {settings.warehouse}\n")
@@ -133,6 +156,40 @@ def run_demo(settings: Settings, spark, base: Path, ingest, close, progress=prin
         if what == "periods":
             text = "\n".join(line for line in text.splitlines() if not line.startswith("hour "))
         print(f"\n{title}\n{text}")
+    for title, text in _billing(settings):
+        print(f"\n{title}\n{text}")
     print(f"\nMore: traffic show hourly --warehouse {settings.warehouse} --top 20   |   "
-          f"traffic status --warehouse {settings.warehouse}")
+          f"traffic status --warehouse {settings.warehouse}   |   "
+          f"traffic bill --period {START:%Y-%m} --warehouse {settings.warehouse} --set accounts_file={settings.accounts_file}")
     return 3 if failed else 0
+
+
+def _billing(settings: Settings) -> list[tuple[str, str]]:
+    """(title, text table) of the first month's stored bills (with the overage over the commit) and of the alerts."""
+    import pyarrow as pa  # deferred: only when the demo runs
+
+    from traffic.accounting.alerts import read_alerts  # deferred: only when the demo runs
+    from traffic.accounting.bills import billing_cycle, stored_bills  # deferred: see above
+    from traffic.reporting.report import format_table  # deferred: see above
+    from traffic.storage.delta import Warehouse  # deferred: see above
+
+    warehouse = Warehouse(settings, engine="rs")
+    period = billing_cycle(settings).period_for(f"{START:%Y-%m}")
+    bills = stored_bills(warehouse, period)
+    rate = lambda value: None if value is None else round(value)  # noqa: E731 - whole bits per second on screen
+    bill_table = pa.table({
+        "account": [b["account"] for b in bills],
+        "bytes_total": [b["bytes_total"] for b in bills],
+        "billable_bps": [rate(b["billable_bps"]) for b in bills],
+        "commit_bps": [rate(b["commit_bps"]) for b in bills],
+        "overage_bps": [rate(b["overage_bps"]) for b in bills],
+    }, schema=pa.schema([("account", pa.string()), ("bytes_total", pa.int64()), ("billable_bps", pa.int64()),
+                         ("commit_bps", pa.int64()), ("overage_bps", pa.int64())]))
+    alerts = read_alerts(warehouse)
+    columns = ["period", "kind", "account", "hour", "observed", "threshold", "unit"]
+    alert_table = pa.Table.from_pylist([{c: a[c] for c in columns} for a in alerts]) if alerts else \
+        pa.table({c: pa.array([], pa.string()) for c in columns})
+    return [(f"Bills of {period.label} ({period.start_utc:%Y-%m-%d} → {period.end_utc:%Y-%m-%d}, stored when it closed; "
+             "rates at the 95th percentile of the period's 5-minute panes, 0 bit/s here: the sample fills fewer "
+             "than 5 % of them)", format_table(bill_table)),
+            ("Alerts (quota and commit crossings, once each)", format_table(alert_table))]
