@@ -30,6 +30,7 @@ def spark():
 HEAVY_FIRST = (
     "tests/e2e/",
     "tests/integration/test_crash_points.py",
+    "tests/integration/test_standalone_cluster.py",
     "tests/reliability/test_month_of_commits.py",
     "tests/integration/test_model_equivalence.py",
     "tests/reliability/test_concurrency.py",

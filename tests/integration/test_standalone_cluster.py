@@ -2,14 +2,14 @@
 
 A master and one worker (2 cores, 2 GiB) are started with pyspark's own ``bin/spark-class``,
 each in its own process group, on 127.0.0.1 and free ports. Two deliveries of a two-source
-feed crossing midnight then go through the real CLI in its own process (``traffic run`` with
-``TRAFFIC_SPARK_MASTER=spark://127.0.0.1:<port>``; this process already holds the shared local
-session): the first is ingested, its hours frozen and 2026-11-01 rolled up; the second brings a
-late record for a frozen hour, a bad line and the clocks that close the next hour. The same
-deliveries go through the in-process harness on the shared ``local[2]`` session, and every table
-of the two warehouses is compared row for row; only the batches' wall-clock ``started_at`` and
-``committed_at`` may differ. The worker runs in another time zone (``Pacific/Chatham``, +13:45),
-so nothing on the executors may lean on theirs.
+feed crossing the midnight that ends October then go through the real CLI in its own process
+(``traffic run`` with ``TRAFFIC_SPARK_MASTER=spark://127.0.0.1:<port>``; this process already
+holds the shared local session): the first is ingested, its hours frozen, 2026-10-31 and
+October rolled up; the second brings a late record for a frozen hour, a bad line and the clocks
+that close the next hour. The same deliveries go through the in-process harness on the shared
+``local[2]`` session, and every table of the two warehouses is compared row for row; only the
+batches' wall-clock ``started_at`` and ``committed_at`` may differ. The worker runs in another
+time zone (``Pacific/Chatham``, +13:45), so nothing on the executors may lean on theirs.
 
 Then the cluster itself is asked what ran: the master's JSON API (``/json/``) lists both
 applications as finished, the worker's (``/json/``) lists their finished executors, the
@@ -18,7 +18,7 @@ interpreter, and every port of the master, the worker and the executors listened
 only (the master's REST submission server, on by default at 6066, is switched off). Master and
 worker are stopped (their process groups, then anything they started) and their ports checked free.
 
-Runs in about 2.5 minutes on a 2-core machine, printing each step's time.
+Runs in 2-2.5 minutes on a 2-core machine, printing each step's time.
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ from traffic.storage.state import rows
 pytestmark = pytest.mark.slow
 
 UTC = timezone.utc
-T0 = datetime(2026, 11, 1, 22, tzinfo=UTC)
+T0 = datetime(2026, 10, 31, 22, tzinfo=UTC)
 NOW = "2026-12-01T00:00:00+00:00"
 #: Every delivered file gets this modification time, so ``batches.files`` compares whole.
-DELIVERED_AT_NS = 1_793_930_400_000_000_000  # 2026-11-02T02:00Z
+DELIVERED_AT_NS = int(datetime(2026, 11, 1, 2, tzinfo=UTC).timestamp()) * 10**9
 #: Columns that hold the processing machine's clock, not anything computed from the input.
 WALL_CLOCK = {"batches": {"started_at", "committed_at"}}
 #: The worker's (and so its executors' and Python workers') zone: not UTC, not a whole hour.
@@ -62,8 +62,8 @@ LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 
 
 def deliveries() -> list[dict[str, str]]:
-    """Two deliveries, ``{relative path: text}``: a feed from two sources over 22:00 → 01:30, then
-    a late record for 22:00, a bad line, on-time traffic and ticks to 02:00."""
+    """Two deliveries, ``{relative path: text}``: a feed from two sources over 2026-10-31 22:00 →
+    11-01 01:30, then a late record for 22:00, a bad line, on-time traffic and ticks to 02:00."""
     first = {}
     for k, source in enumerate(("r1", "r2")):
         lines = [feed_line(T0 + timedelta(minutes=m, seconds=13 * k), local=f"10.0.{k}.{m % 5 + 1}",
@@ -255,8 +255,9 @@ class stopwatch:
         self.clock = time.perf_counter()
         return self
 
-    def __exit__(self, *exc):
-        print(f"standalone cluster: {self.step}: {time.perf_counter() - self.clock:.1f} s", flush=True)
+    def __exit__(self, kind, *_):
+        outcome = "failed after " if kind else ""
+        print(f"standalone cluster: {self.step}: {outcome}{time.perf_counter() - self.clock:.1f} s", flush=True)
 
 
 # -- watching what runs on the worker -----------------------------------------------------------
@@ -269,17 +270,20 @@ class Watch(threading.Thread):
         super().__init__(daemon=True)
         self.cluster = cluster
         self.pythons: set[tuple[str, ...]] = set()
+        self.python_zones: set[str | None] = set()
         self.sockets: set[tuple[str, str, int]] = set()
         self.done = threading.Event()
 
     def run(self):
         while not self.done.wait(0.3):
-            roles = {p.pid: name for name, p in self.cluster.processes.items()}
-            for process in [psutil.Process(pid) for pid in roles if psutil.pid_exists(pid)] + self.cluster.descendants():
+            # Not yet reaped by this process, so their pids cannot have gone or been reused.
+            roles = {p.pid: name for name, p in self.cluster.processes.items() if p.poll() is None}
+            for process in [psutil.Process(pid) for pid in roles] + self.cluster.descendants():
                 try:
                     command = tuple(process.cmdline())
                     if "pyspark.daemon" in command:
                         self.pythons.add(command)
+                        self.python_zones.add(process.environ().get("TZ"))
                     role = roles.get(process.pid) or Path(command[0]).name
                     for conn in process.net_connections(kind="inet"):
                         if conn.status == psutil.CONN_LISTEN:
@@ -303,7 +307,7 @@ def traffic_run(root: Path, master: str, timeout: float = 300) -> subprocess.Com
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "TRAFFIC_"))}
     env["TRAFFIC_SPARK_MASTER"] = master
     command = [str(Path(sys.executable).with_name("traffic")), "run", "--warehouse", str(root / "warehouse"),
-               "--inbox", str(root / "inbox"), "--set", f"now={NOW}", "--set", "shuffle_partitions=2"]
+               "--inbox", str(root / "inbox"), "--set", f"now={NOW}", "--set", "shuffle_partitions=2", "--timings"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root,
                                start_new_session=True)
     try:
@@ -344,16 +348,18 @@ def test_the_pipeline_on_a_standalone_cluster_equals_a_local_run(cluster, spark,
         deliver(on_cluster / "inbox", delivery)
         with Watch(cluster) as watch, stopwatch(f"traffic run {number} on {cluster.url}"):
             done = traffic_run(on_cluster, cluster.url)
+        print("".join(f"  {line}\n" for line in done.stderr.splitlines() if line.startswith("timings:")), end="")
         assert done.returncode == 0, f"traffic run {number} on the cluster failed:\n{done.stdout}\n{done.stderr}"
         outputs.append(done.stdout)
         # Python workers ran under the worker's executors, with this venv's interpreter.
         assert watch.pythons, "no Python worker was seen under the worker's executors"
         assert {Path(command[0]).parent for command in watch.pythons} == {Path(sys.executable).parent}, watch.pythons
+        assert watch.python_zones == {EXECUTOR_TZ}, watch.python_zones
         outside = sorted(s for s in watch.sockets if s[1] not in LOOPBACK)
         assert not outside, f"listening beyond 127.0.0.1: {outside}"
         assert {port for role, _, port in watch.sockets if role == "master"} == {cluster.port, cluster.master_ui}, \
             sorted(watch.sockets)
-    assert "day(s) rolled up: 2026-11-01" in outputs[0], outputs[0]
+    assert "day(s) rolled up: 2026-10-31" in outputs[0] and "month(s) rolled up: 2026-10" in outputs[0], outputs[0]
     assert "1 late" in outputs[1] and "1 rejected" in outputs[1], outputs[1]
 
     reference = Harness(tmp_path / "local", spark, now=NOW, shuffle_partitions=2)
@@ -368,7 +374,8 @@ def test_the_pipeline_on_a_standalone_cluster_equals_a_local_run(cluster, spark,
     assert got == expected, differences(got, expected)
     sizes = {name: len(table) for name, table in expected.items()}
     print(f"standalone cluster: equal tables (rows): {sizes}", flush=True)
-    for name in ("packets", "late_packets", "rejects", "hourly", "daily", "periods", "source_panes", "panes"):
+    for name in ("packets", "late_packets", "rejects", "hourly", "daily", "monthly", "periods", "source_panes",
+                 "panes", "bills"):
         assert sizes[name], f"{name} is empty: the comparison proves nothing about it"
 
     with stopwatch("ask the cluster what ran"):

@@ -60,6 +60,12 @@ def test_only_the_ui_and_the_collector_are_published_and_on_loopback_by_default(
     assert published["collector"] == [f"${{COLLECTOR_BIND:-127.0.0.1}}:{p}:{p}/udp" for p in (2055, 4739, 6343)]
 
 
+def test_the_spark_master_takes_no_unauthenticated_rest_submissions(compose):
+    master = compose["services"]["spark-master"]["environment"]
+    assert "-Dspark.master.rest.enabled=false" in master["SPARK_MASTER_OPTS"]
+    assert master["TRAFFIC_SPARK_MASTER"] == "spark://spark-master:7077"  # the shared settings are still there
+
+
 def test_environment_names_are_settings_the_code_reads(compose):
     for name, service in compose["services"].items():
         for key in (service.get("environment") or {}):
