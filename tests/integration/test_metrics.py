@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
 import time
 from datetime import datetime, timedelta, timezone
@@ -314,3 +315,20 @@ def test_a_job_succeeds_when_metrics_cannot_be_written(spark, tmp_path):
     samples = read_metrics(blocked)
     assert value(samples, "traffic_last_close_duration_seconds", steps="all") > 0
     assert value(samples, "traffic_hours_frozen") == 1
+
+
+def test_a_job_with_nothing_to_do_leaves_the_file_as_it_is_but_writes_a_missing_one(spark, tmp_path):
+    harness = Harness(tmp_path, spark)
+    harness.deliver("r1", feed_line(START, size=100) + "\n" + tick_line(START + timedelta(hours=2)) + "\n",
+                    name="a.csv")
+    harness.ingest()
+    harness.close()
+    path = _metrics_file(harness)
+    written = path.read_text()
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))  # a marker: any rewrite changes it
+    assert harness.ingest().nothing_to_do and runs.close(harness.settings, lambda: spark, None, _quiet)
+    assert path.stat().st_mtime_ns == 1_000_000_000 and path.read_text() == written
+    path.unlink()
+    assert harness.ingest().nothing_to_do
+    samples = read_metrics(path)
+    assert value(samples, "traffic_last_batch_id") == 1 and value(samples, "traffic_hours_frozen") == 2

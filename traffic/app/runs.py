@@ -31,7 +31,7 @@ def ingest(settings: Settings, spark_factory: Callable[[], object], progress=pri
     """Run one micro-batch (resuming an interrupted one first). Holds the warehouse lock."""
     warehouse = Warehouse(settings)
     with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic ingest"), \
-            written_after(warehouse, progress):
+            written_after(warehouse, progress) as metrics:
         warehouse.create_all()
         journal = Journal(warehouse.state_dir())
         plan = journal.load()
@@ -39,6 +39,7 @@ def ingest(settings: Settings, spark_factory: Callable[[], object], progress=pri
         if plan is None:
             plan = plan_batch(settings, warehouse)
             if plan is None:
+                metrics.nothing_done()
                 return BatchResult()
             journal.save(plan)
         if resumed:
@@ -85,10 +86,13 @@ def close(settings: Settings, spark_factory: Callable[[], object], until: dateti
     with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic close"), \
             written_after(warehouse, progress) as metrics:
         warehouse.create_all()
-        finish_pending(settings, warehouse, spark_factory, progress)
+        finished = finish_pending(settings, warehouse, spark_factory, progress)
         result = close_locked(settings, warehouse, spark_factory, until, progress, only)
         _refresh_if_closed(settings, result, progress)
-        metrics.closed(only, len(result.failed))
+        if finished or result.seconds:  # a close that ran a plan times its steps; an empty plan runs none
+            metrics.closed(only, len(result.failed))
+        else:
+            metrics.nothing_done()
     if result.failed:
         raise CheckFailed("; ".join(result.failed), result)
     return result

@@ -427,6 +427,13 @@ class JobMetrics:
         self.warehouse = warehouse
         self.started = time.perf_counter()
         self.close: tuple[str, float, int] | None = None
+        self.idle = False
+
+    def nothing_done(self) -> None:
+        """The job found nothing to do: no figure can have changed, so an existing file is left as it is
+        (a nothing-to-do tick stays cheap; ``traffic_metrics_generated_timestamp_seconds`` then says when a
+        job last changed something)."""
+        self.idle = True
 
     def closed(self, only: Iterable[str] | None, failed_checks: int, since: float | None = None) -> None:
         """The job's close has ended (``since``: when it began, ``time.perf_counter``; default: the job's start)."""
@@ -452,6 +459,8 @@ def written_after(warehouse: Warehouse, progress: Callable[[str], None] = print)
 
 def _write_quietly(job: JobMetrics, progress: Callable[[str], None]) -> None:
     """Record the close and write the file; any failure is one warning line (the job's tables are what counts)."""
+    if job.idle and metrics_path(job.warehouse).exists():
+        return
     if job.close is not None:
         try:
             record_close(job.warehouse, *job.close)
