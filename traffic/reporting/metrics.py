@@ -1,4 +1,4 @@
-"""Prometheus metrics of a warehouse: ``<warehouse>/_reports/metrics.prom`` after every job that does something, and ``traffic metrics``.
+"""Prometheus metrics: ``<warehouse>/_reports/metrics.prom`` after every job that does something; ``traffic metrics``.
 
 Every figure is recomputed from the warehouse when the file is written — the clocks, the ledger,
 the ``batches`` totals, the open hours, the last day of ``source_panes``, the current billing
