@@ -273,8 +273,15 @@ class Watch(threading.Thread):
         self.python_zones: set[str | None] = set()
         self.sockets: set[tuple[str, str, int]] = set()
         self.done = threading.Event()
+        self.failed: str | None = None
 
     def run(self):
+        try:
+            self._sample()
+        except Exception as error:  # noqa: BLE001 - reported by __exit__: a dead sampler would check nothing
+            self.failed = f"{type(error).__name__}: {error}"
+
+    def _sample(self):
         while not self.done.wait(0.3):
             # Not yet reaped by this process, so their pids cannot have gone or been reused.
             roles = {p.pid: name for name, p in self.cluster.processes.items() if p.poll() is None}
@@ -284,7 +291,8 @@ class Watch(threading.Thread):
                     if "pyspark.daemon" in command:
                         self.pythons.add(command)
                         self.python_zones.add(process.environ().get("TZ"))
-                    role = roles.get(process.pid) or Path(command[0]).name
+                    # A process that is exiting (a zombie) has no command line left.
+                    role = roles.get(process.pid) or (Path(command[0]).name if command else f"pid {process.pid}")
                     for conn in process.net_connections(kind="inet"):
                         if conn.status == psutil.CONN_LISTEN:
                             self.sockets.add((role, conn.laddr.ip, conn.laddr.port))
@@ -298,6 +306,7 @@ class Watch(threading.Thread):
     def __exit__(self, *exc):
         self.done.set()
         self.join()
+        assert not self.failed, f"the sampling thread stopped: {self.failed}"
 
 
 # -- running the pipeline -------------------------------------------------------------------------
