@@ -290,6 +290,12 @@ def test_written_after_a_failed_check(spark, tmp_path):
     assert value(samples, "traffic_periods", grain="hour", dq_status="passed") == 1  # 11:00
     assert value(samples, "traffic_last_close_failed_checks", steps="all") == len(caught.value.result.failed) >= 1
     assert value(samples, "traffic_last_close_duration_seconds", steps="all") > 0
+    # `traffic accept` is no job, but it changes a period's status: the file says so at once.
+    assert cli.main(["accept", "--warehouse", str(harness.settings.warehouse), "--set", "now=2026-12-01T00:00:00Z",
+                     "--period", "2026-11-01T10:00Z", "--reason", "checked by hand", "--by", "ops"]) == 0
+    samples = read_metrics(_metrics_file(harness))
+    assert value(samples, "traffic_periods", grain="hour", dq_status="failed") == 0
+    assert value(samples, "traffic_periods", grain="hour", dq_status="accepted") == 1
 
 
 def test_a_job_succeeds_when_metrics_cannot_be_written(spark, tmp_path):

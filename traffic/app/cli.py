@@ -155,6 +155,7 @@ def cmd_report(args, settings, spark) -> int:
 def cmd_accept(args, settings, spark) -> int:
     import getpass
 
+    from traffic.app.runs import refresh_metrics  # deferred: per command (see the docstring)
     from traffic.reporting.html_report import refresh_report  # deferred: per command (see the docstring)
     from traffic.quality.suites import accept, period_label  # deferred: per command (see the docstring)
 
@@ -164,6 +165,7 @@ def cmd_accept(args, settings, spark) -> int:
           f"it failed: {printable(row.get('dq_note') or '-')}")
     print("accept: roll-ups over it proceed at the next `traffic close`")
     refresh_report(settings, progress)
+    refresh_metrics(settings, progress)
     return 0
 
 

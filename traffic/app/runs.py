@@ -123,6 +123,15 @@ def replay(settings: Settings, spark_factory: Callable[[], object], input_dir: P
         return result, closed
 
 
+def refresh_metrics(settings: Settings, progress=print) -> None:
+    """Rewrite ``metrics.prom`` under the warehouse lock, after a change that is not a job (``traffic accept``
+    turns a failed period into an accepted one); a failure to write is a warning, as after a job."""
+    warehouse = Warehouse(settings)
+    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic accept"), \
+            written_after(warehouse, progress):
+        pass
+
+
 def _refresh_if_closed(settings: Settings, result: CloseResult, progress) -> None:
     """Rewrite the report when the run closed periods (its time goes into the close's timings)."""
     if result.hours_frozen or result.days_rolled or result.months_rolled:
