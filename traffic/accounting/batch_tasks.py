@@ -4,8 +4,8 @@ A task is handed one chunk of one inbox file and the batch's time rules. It pars
 to Arrow, gives every record its fate (DESIGN §3: on time, late, tick, late tick, rejected,
 outside a replay's range), writes the on-time and late packets as parquet straight into the
 tables' staged folders, and leaves the small things the driver needs as Arrow files in the
-batch's scratch folder: the per (fate, source, pane) summary, the hourly and per-address pane
-partial totals of its on-time packets, and its rejects. One row per task crosses into the JVM.
+batch's scratch folder: the per (fate, source, pane) summary, the hourly partial totals of its
+on-time packets and their pane totals attributed to accounts, and its rejects. One row per task crosses into the JVM.
 
 The history bound needs the batch's newest record, which no task knows alone, so the first
 pass judges without it and reports each chunk's oldest record that the bound could reject;
@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from traffic.accounting.panes import Mapping, attributed_parts
 from traffic.accounting.parts import (SUMMARY, REJECT_ROWS, TELEMETRY_STATE, _PARTS, file_part, floor_to, group_sums, hourly_parts,
                                       pane_parts, save_part, weights)
 from traffic.core.periods import late_mask, micros
@@ -74,6 +75,8 @@ class Rules:
     settings_doc: dict
     flow_states: dict = field(default_factory=dict)  # telemetry state per source before the batch (JSON)
     attempt: int = 0
+    #: The accounts file the batch's open panes are attributed with (none: every address ``unassigned``).
+    mapping: Mapping = field(default_factory=Mapping)
 
 
 def _stamp(ts: pa.Array) -> pa.Array:
@@ -209,7 +212,8 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
                      rules.late_packets, name)
     _save(rules, "summary", row["chunk"], parts["summary"])
     _save(rules, "hourly", row["chunk"], hourly_parts(packets))
-    _save(rules, "panes", row["chunk"], pane_parts(packets))
+    # Attributed here, where the per-address parts are in memory: the driver only sums a few rows per pane.
+    _save(rules, "accounts", row["chunk"], attributed_parts(pane_parts(packets), rules.mapping))
     _save(rules, "rejects", row["chunk"], parts["rejects"])
     _save(rules, "lost", row["chunk"], telemetry.lost if telemetry else LOST_SCHEMA.empty_table())
     _save(rules, "telemetry", row["chunk"], pa.table(
@@ -230,7 +234,7 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
 
 def _unread(row: dict, rules: Rules, problem: str) -> dict:
     """The outcome of a chunk whose planned bytes could not be read: empty parts, and why."""
-    for what in ("summary", "hourly", "panes", "rejects", "lost", "telemetry"):
+    for what in ("summary", "hourly", "accounts", "rejects", "lost", "telemetry"):
         _save(rules, what, row["chunk"], _PARTS[what].empty_table())
     return {"chunk": row["chunk"], "attempt": rules.attempt, "newest": None, "oldest": None, "problem": problem}
 

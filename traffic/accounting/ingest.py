@@ -336,7 +336,8 @@ def _read(warehouse: Warehouse, plan: dict, progress) -> _Read:
                                       "keep_transit": settings.keep_transit,
                                       "sampling_rates": dict(settings.sampling_rates),
                                       "template_wait": settings.template_wait.total_seconds()},
-                        flow_states=plan.get("flow_state", {}))
+                        flow_states=plan.get("flow_state", {}),
+                        mapping=P.Mapping.of(settings.accounts_file))
         outcomes, unread = _parse(warehouse.spark, chunk_rows, rules, staged, settings.max_history, progress)
         _keep_tasks_done(scratch, outcomes, unread, staged)
     attempts = {chunk: o["attempt"] for chunk, o in outcomes.items()}
@@ -409,13 +410,12 @@ def _write_hours(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -
     import pyarrow.compute as pc
 
     txn, restated = (APP, plan["batch_id"]), _restated_hours(plan)
-    mapping = P.Mapping.of(warehouse.settings.accounts_file)
     hourly_parts = parts.read_parts(str(read.scratch), "hourly", read.attempts)
-    pane_parts = parts.read_parts(str(read.scratch), "panes", read.attempts)
+    account_parts = parts.read_parts(str(read.scratch), "accounts", read.attempts)
     hourly, panes = warehouse.table("hourly"), warehouse.table("panes")
     if restated:
         hourly.replace(parts.sum_hourly(hourly_parts, "final"), keys=restated, txn=txn, op="restate")
-        panes.replace(P.pane_rows(pane_parts, mapping, "final"), keys=restated, txn=txn, op="restate")
+        panes.replace(P.sum_pane_rows(account_parts, "final"), keys=restated, txn=txn, op="restate")
     elif tally.on_time_hours:
         hours = tally.on_time_hours
         is_open = pc.field("status") == "open"
@@ -423,7 +423,8 @@ def _write_hours(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -
         hourly.replace(parts.sum_hourly(pa.concat_tables([hourly_parts, existing.cast(parts.HOURLY_PARTS)]), "open"),
                        keys=hours, txn=txn, op="ingest")
         # The panes of the same hours, kept the same way (their freeze recomputes them from raw detail).
-        panes.replace(P.pane_rows(pane_parts, mapping, "open", existing=panes.read_arrow(keys=hours, filter=is_open)),
+        open_panes = panes.read_arrow(keys=hours, filter=is_open).select(parts.ACCOUNT_PARTS.names)
+        panes.replace(P.sum_pane_rows(pa.concat_tables([account_parts, open_panes.cast(parts.ACCOUNT_PARTS)]), "open"),
                       keys=hours, txn=txn, op="ingest")
     lost = st.rows(parts.read_parts(str(read.scratch), "lost", read.attempts))
     _write_panes(warehouse, read.summary, txn, replace_hours=restated, lost=lost)

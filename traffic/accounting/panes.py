@@ -8,9 +8,9 @@ the panes of the hours it touched), ``final`` once the hour is frozen (the freez
 them from the same raw detail it recomputes the hourly rows from, with the mapping in force
 then). Late packets never change panes.
 
-The functions here are pure transforms (Spark DataFrames; ``pane_rows`` is the Arrow twin
-ingest uses); the mapping travels to the executors as the text of the accounts file, parsed
-there once per task.
+The functions here are pure transforms (Spark DataFrames; ``attributed_parts`` and
+``sum_pane_rows`` are the Arrow twins the ingest and freeze tasks use); the mapping travels to
+the executors as the text of the accounts file, parsed there once per task.
 """
 
 from __future__ import annotations
@@ -105,20 +105,6 @@ def pane_totals(packets: DataFrame, mapping: Mapping, status: str) -> DataFrame:
         "account string, mapping_version string")
     return _finish(attributed.groupBy(*KEY).agg(F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")),
                    status)
-
-
-def pane_rows(per_address, mapping: Mapping, status: str, existing=None):
-    """Arrow twin of ``pane_totals`` for ingest: per-address pane parts (plus ``existing`` pane rows) → pane rows.
-
-    ``per_address`` holds (pane_start, source, local_ip, direction, bytes, packets) sums, as the
-    ingest tasks leave them; the attribution is the same per-task function Spark runs above.
-    """
-    import pyarrow as pa
-
-    rows = attributed_parts(per_address, mapping)
-    if existing is not None:
-        rows = pa.concat_tables([rows, existing.select([*KEY, "bytes", "packets"]).cast(rows.schema)])
-    return sum_pane_rows(rows, status)
 
 
 def attributed_parts(per_address, mapping: Mapping):
