@@ -13,6 +13,8 @@ import pyarrow.parquet as pq
 
 from traffic.accounting import batch_tasks as B
 from traffic.accounting import parts
+from traffic.accounting.panes import Mapping, account_parts
+from traffic.core.accounts import UNASSIGNED
 from traffic.storage.delta import Staged, write_staged
 from traffic.core.records import PARSED_SCHEMA
 
@@ -104,9 +106,10 @@ def test_hourly_parts_count_known_directions_only_and_sum_across_tasks():
     summed = parts.sum_hourly(pa.concat_tables([part, part]), "open").to_pylist()
     assert summed == [{"hour": hour, "local_ip": "10.0.0.1", "remote_ip": "192.0.2.1", "bytes": 300, "packets": 8,
                        "bytes_in": 20, "bytes_out": 40, "day": date(2026, 11, 1), "status": "open"}]
-    panes = parts.pane_parts(packets).to_pylist()
-    assert [(p["pane_start"], p["direction"], p["bytes"], p["packets"]) for p in panes] == [
-        (hour, "in", 10, 1), (hour, "out", 20, 1), (hour, None, 40, 1), (hour, "internal", 80, 1)]
+    panes = account_parts(packets, Mapping()).to_pylist()
+    assert sorted(((p["pane_start"], p["account"], p["direction"] or "", p["bytes"], p["packets"]) for p in panes)) == [
+        (hour, UNASSIGNED, "", 40, 1), (hour, UNASSIGNED, "in", 10, 1), (hour, UNASSIGNED, "internal", 80, 1),
+        (hour, UNASSIGNED, "out", 20, 1)]
 
 
 def test_staged_files_hold_one_cluster_key_each(tmp_path):

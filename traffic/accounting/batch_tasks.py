@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traffic.accounting.panes import Mapping, attributed_parts
+from traffic.accounting.panes import Mapping, account_parts
 from traffic.accounting.parts import (SUMMARY, REJECT_ROWS, TELEMETRY_STATE, _PARTS, file_part, floor_to, group_sums, hourly_parts,
-                                      pane_parts, save_part, weights)
+                                      save_part, weights)
 from traffic.core.periods import late_mask, micros
 from traffic.core.records import MAX_REASON_CHARS, PACKET, PARSED_SCHEMA
 from traffic.storage.delta import write_staged
@@ -212,8 +212,8 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
                      rules.late_packets, name)
     _save(rules, "summary", row["chunk"], parts["summary"])
     _save(rules, "hourly", row["chunk"], hourly_parts(packets))
-    # Attributed here, where the per-address parts are in memory: the driver only sums a few rows per pane.
-    _save(rules, "accounts", row["chunk"], attributed_parts(pane_parts(packets), rules.mapping))
+    # Attributed here, where the packets are in memory: the driver only sums a few rows per pane.
+    _save(rules, "accounts", row["chunk"], account_parts(packets, rules.mapping))
     _save(rules, "rejects", row["chunk"], parts["rejects"])
     _save(rules, "lost", row["chunk"], telemetry.lost if telemetry else LOST_SCHEMA.empty_table())
     _save(rules, "telemetry", row["chunk"], pa.table(

@@ -30,14 +30,13 @@ from traffic.accounting.parts import (
     file_part,
     group_sums,
     hourly_parts,
-    pane_parts,
     save_part,
     sum_hourly,
     weights,
 )
 from traffic.storage.delta import write_staged
 from traffic.storage.schemas import arrow_schema
-from traffic.accounting.panes import attributed_parts, sum_pane_rows
+from traffic.accounting.panes import account_parts, sum_pane_rows
 
 #: The raw columns a freeze reads.
 #: Raw files written before a column existed read it as null (a null weight is 1 packet).
@@ -138,7 +137,7 @@ def freeze_hour(hour: Hour, job: Job, part: str) -> tuple[pa.Table, pa.Table, in
         packets = pq.read_table(path, columns=COLUMNS, schema=_RAW_SCHEMA)
         rows += packets.num_rows
         parts["hourly"].append(hourly_parts(packets))
-        parts["accounts"].append(attributed_parts(pane_parts(packets), job.mapping))
+        parts["accounts"].append(account_parts(packets, job.mapping))
         parts["raw"].append(raw_sums(packets))
     # Each sum groups the parts of all the hour's files by its key: the hour's final totals.
     final = sum_hourly(_concat(parts["hourly"], HOURLY_PARTS), "final")

@@ -8,7 +8,7 @@ the panes of the hours it touched), ``final`` once the hour is frozen (the freez
 them from the same raw detail it recomputes the hourly rows from, with the mapping in force
 then). Late packets never change panes.
 
-The functions here are pure transforms (Spark DataFrames; ``attributed_parts`` and
+The functions here are pure transforms (Spark DataFrames; ``account_parts`` and
 ``sum_pane_rows`` are the Arrow twins the ingest and freeze tasks use); the mapping travels to
 the executors as the text of the accounts file, parsed there once per task.
 """
@@ -107,21 +107,27 @@ def pane_totals(packets: DataFrame, mapping: Mapping, status: str) -> DataFrame:
                    status)
 
 
-def attributed_parts(per_address, mapping: Mapping):
-    """Per-address pane parts → per (pane, source, account, direction, mapping version) sums.
+def account_parts(packets, mapping: Mapping):
+    """Raw packets → per (pane, source, account, direction, mapping version) sums.
 
-    Attribution is per address and pane, so parts attributed apart and summed equal parts
-    summed and then attributed: a freeze task attributes its own parts (``traffic.accounting.freeze_tasks``).
+    Each packet's account is its ``local_ip``'s under the version in force at its pane's start,
+    the same per-address rule Spark applies above (attribution is per address and pane, so parts
+    attributed apart and summed equal the hour attributed at once). Every address is looked up
+    once per task (``AccountMap.lookup_many`` encodes them), and the one grouping is by a handful
+    of accounts, not by address: the ingest and freeze tasks call this where the packets are.
     """
     import pyarrow as pa
 
+    from traffic.accounting.parts import ACCOUNT_PARTS, PANE_US, weights
 
-    amounts = {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")}
-    summed = group_sums(per_address, ["pane_start", "source", "local_ip", "direction"], amounts)
-    attributed = pa.Table.from_batches(list(_attribute(mapping)(iter(summed.to_batches()))),
-                                       schema=summed.schema.append(pa.field("account", pa.string()))
+    table = pa.table({"pane_start": floor_to(packets.column("ts"), PANE_US), "source": packets.column("source"),
+                      "local_ip": packets.column("local_ip"), "direction": packets.column("direction"),
+                      "bytes": packets.column("bytes"), "packets": weights(packets)}).combine_chunks()
+    attributed = pa.Table.from_batches(list(_attribute(mapping)(iter(table.to_batches()))),
+                                       schema=table.schema.append(pa.field("account", pa.string()))
                                        .append(pa.field("mapping_version", pa.string())))
-    return group_sums(attributed.select([*KEY, "bytes", "packets"]), list(KEY), amounts)
+    return group_sums(attributed, list(KEY), {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")},
+                      ACCOUNT_PARTS)
 
 
 def sum_pane_rows(rows, status: str):

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 _TS = pa.timestamp("us", tz="UTC")
-_PANE_US = 300_000_000
+PANE_US = 300_000_000
 
 #: The amounts every per-pair total carries (hourly, daily, monthly rows and their parts).
 AMOUNTS = ("bytes", "packets", "bytes_in", "bytes_out")
@@ -23,13 +23,11 @@ SUMMARY = pa.schema([("fate", pa.string()), ("source", pa.string()), ("pane", _T
 HOURLY_PARTS = pa.schema([("hour", _TS), ("local_ip", pa.string()), ("remote_ip", pa.string()),
                           ("bytes", pa.int64()), ("packets", pa.int64()), ("bytes_in", pa.int64()),
                           ("bytes_out", pa.int64())])
-PANE_PARTS = pa.schema([("pane_start", _TS), ("source", pa.string()), ("local_ip", pa.string()),
-                        ("direction", pa.string()), ("bytes", pa.int64()), ("packets", pa.int64())])
 REJECT_ROWS = pa.schema([("source", pa.string()), ("input_file", pa.string()), ("record", pa.string()),
                          ("reason", pa.string()), ("ts", _TS)])
 #: Per hour, rows of the open and the recomputed side without an equal row on the other (a freeze's check).
 DIFFERING = pa.schema([("hour", _TS), ("n", pa.int64())])
-#: Pane parts attributed to accounts (``panes.attributed_parts``), as freeze tasks leave them.
+#: Pane totals per account (``panes.account_parts``), as ingest and freeze tasks leave them.
 ACCOUNT_PARTS = pa.schema([("pane_start", _TS), ("source", pa.string()), ("account", pa.string()),
                            ("direction", pa.string()), ("mapping_version", pa.string()), ("bytes", pa.int64()),
                            ("packets", pa.int64())])
@@ -40,7 +38,7 @@ RAW_SUMS = pa.schema([("hour", _TS), ("bytes", pa.int64()), ("packets", pa.int64
 TELEMETRY_STATE = pa.schema([("source", pa.string()), ("state", pa.string()), ("skipped", pa.string())])
 #: Export sequence units lost per source and pane (``traffic.io.telemetry.LOST_SCHEMA``).
 LOST = pa.schema([("source", pa.string()), ("pane_start", _TS), ("lost", pa.int64())])
-_PARTS = {"summary": SUMMARY, "lost": LOST, "telemetry": TELEMETRY_STATE, "hourly": HOURLY_PARTS, "panes": PANE_PARTS, "rejects": REJECT_ROWS, "raw": RAW_SUMS,
+_PARTS = {"summary": SUMMARY, "lost": LOST, "telemetry": TELEMETRY_STATE, "hourly": HOURLY_PARTS, "rejects": REJECT_ROWS, "raw": RAW_SUMS,
           "accounts": ACCOUNT_PARTS, "differing": DIFFERING}
 
 
@@ -97,15 +95,6 @@ def hourly_parts(packets: pa.Table) -> pa.Table:
     return group_sums(table.append_column("weight", weights(packets)), ["hour", "local_ip", "remote_ip"],
                       {"bytes": ("bytes", "sum"), "packets": ("weight", "sum"), "bytes_in": ("bytes_in", "sum"),
                        "bytes_out": ("bytes_out", "sum")}, HOURLY_PARTS)
-
-
-def pane_parts(packets: pa.Table) -> pa.Table:
-    """Per (pane, source, local_ip, direction) totals of on-time packets (attributed to accounts later)."""
-    table = pa.table({"pane_start": floor_to(packets.column("ts"), _PANE_US), "source": packets.column("source"),
-                      "local_ip": packets.column("local_ip"), "direction": packets.column("direction"),
-                      "bytes": packets.column("bytes"), "weight": weights(packets)})
-    return group_sums(table, ["pane_start", "source", "local_ip", "direction"],
-                      {"bytes": ("bytes", "sum"), "packets": ("weight", "sum")}, PANE_PARTS)
 
 
 def part_path(scratch: str, what: str, chunk: int, attempt: int) -> Path:
