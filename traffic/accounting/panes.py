@@ -21,7 +21,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from traffic.accounting.parts import floor_to, group_sums
+from traffic.accounting.parts import ACCOUNT_PARTS, PANE_US, floor_to, group_sums, weights
 from traffic.core.accounts import AccountMap, load_accounts, parse_accounts
 from traffic.core.periods import micros
 from traffic.core.accounts import AccountsError
@@ -117,8 +117,6 @@ def account_parts(packets, mapping: Mapping):
     of accounts, not by address: the ingest and freeze tasks call this where the packets are.
     """
     import pyarrow as pa
-
-    from traffic.accounting.parts import ACCOUNT_PARTS, PANE_US, weights
 
     table = pa.table({"pane_start": floor_to(packets.column("ts"), PANE_US), "source": packets.column("source"),
                       "local_ip": packets.column("local_ip"), "direction": packets.column("direction"),
