@@ -30,7 +30,7 @@ from traffic.io.readers import FLOWS
 from traffic.runtime import jvm
 from traffic.runtime.spark import task_slots
 from traffic.storage import state as st
-from traffic.storage.delta import Staged, Warehouse, discard_staged, write_staged
+from traffic.storage.delta import DRIVER_THREADS, Staged, Warehouse, discard_staged, write_staged
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc
@@ -414,13 +414,14 @@ def _write_hours(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -
     account_parts = parts.read_parts(str(read.scratch), "accounts", read.attempts)
     hourly, panes = warehouse.table("hourly"), warehouse.table("panes")
     if restated:
-        hourly.replace(parts.sum_hourly(hourly_parts, "final"), keys=restated, txn=txn, op="restate")
+        hourly.replace(parts.sum_hourly(hourly_parts, "final", DRIVER_THREADS), keys=restated, txn=txn, op="restate")
         panes.replace(P.sum_pane_rows(account_parts, "final"), keys=restated, txn=txn, op="restate")
     elif tally.on_time_hours:
         hours = tally.on_time_hours
         is_open = pc.field("status") == "open"
         existing = hourly.read_arrow(keys=hours, filter=is_open).select(parts.HOURLY_PARTS.names)
-        hourly.replace(parts.sum_hourly(pa.concat_tables([hourly_parts, existing.cast(parts.HOURLY_PARTS)]), "open"),
+        hourly.replace(parts.sum_hourly(pa.concat_tables([hourly_parts, existing.cast(parts.HOURLY_PARTS)]), "open",
+                                        DRIVER_THREADS),
                        keys=hours, txn=txn, op="ingest")
         # The panes of the same hours, kept the same way (their freeze recomputes them from raw detail).
         open_panes = panes.read_arrow(keys=hours, filter=is_open).select(parts.ACCOUNT_PARTS.names)
