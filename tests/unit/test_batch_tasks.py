@@ -112,6 +112,53 @@ def test_hourly_parts_count_known_directions_only_and_sum_across_tasks():
         (hour, UNASSIGNED, "out", 20, 1)]
 
 
+def _parts_over_hours(hours: int, pairs: int, repeats: int) -> pa.Table:
+    """Hourly parts with every pair of every hour ``repeats`` times, plus rows without an hour."""
+    start = datetime(2026, 11, 1, tzinfo=UTC)
+    rows = [{"hour": start + timedelta(hours=h) if (h + p) % 97 else None, "local_ip": f"10.0.{p % 7}.{p % 251}",
+             "remote_ip": f"192.0.2.{p % 13}", "bytes": 10 * p + h + r, "packets": 1 + r, "bytes_in": r, "bytes_out": h}
+            for r in range(repeats) for h in range(hours) for p in range(pairs)]
+    return pa.Table.from_pylist(rows, schema=parts.HOURLY_PARTS)
+
+
+def test_the_driver_sums_hourly_parts_in_hour_ranges_to_the_same_rows(monkeypatch):
+    table = _parts_over_hours(hours=11, pairs=300, repeats=3)
+    monkeypatch.setattr(parts, "PARALLEL_ROWS", 1)
+    # Ranges of whole hours, every row in exactly one of them (the rows without an hour in their own).
+    masks = parts._hour_ranges(table, 4)
+    assert 2 <= len(masks) <= 5
+    assert sum(table.filter(m).num_rows for m in masks) == table.num_rows
+    for mask in masks:
+        hours = set(table.filter(mask).column("hour").to_pylist())
+        assert all(not hours & set(table.filter(other).column("hour").to_pylist()) for other in masks if other is not mask)
+
+    def rows(result):
+        return sorted(result.to_pylist(), key=lambda r: (str(r["hour"]), r["local_ip"], r["remote_ip"]))
+
+    one, many = parts.sum_hourly(table, "open"), parts.sum_hourly(table, "open", threads=2)
+    assert rows(many) == rows(one)
+    assert many.num_rows == one.num_rows == len({(r["hour"], r["local_ip"], r["remote_ip"]) for r in table.to_pylist()})
+    assert sum(many.column("bytes").to_pylist()) == sum(table.column("bytes").to_pylist())
+
+
+def test_files_written_by_several_threads_equal_those_written_by_one(tmp_path):
+    table = parts.sum_hourly(_parts_over_hours(hours=6, pairs=50, repeats=1), "open")
+    for threads, folder in ((1, "one"), (3, "three")):
+        assert write_staged_threads(table, tmp_path / folder, threads) == table.num_rows
+
+    def files(folder):
+        return {p.relative_to(tmp_path / folder).as_posix(): pq.read_table(p).to_pylist()
+                for p in sorted((tmp_path / folder).rglob("*.parquet"))}
+
+    assert files("one") == files("three") and len(files("one")) == 7  # six hours and the rows without one
+
+
+def write_staged_threads(table: pa.Table, folder, threads: int) -> int:
+    from traffic.storage.delta import write_keyed
+
+    return write_keyed(table, "hourly", folder, "part", threads=threads)
+
+
 def test_staged_files_hold_one_cluster_key_each(tmp_path):
     rows = pa.table({"ts": [datetime(2026, 11, 1, 10, 5, tzinfo=UTC), datetime(2026, 11, 1, 11, 0, tzinfo=UTC),
                             datetime(2026, 11, 1, 10, 59, tzinfo=UTC)],
