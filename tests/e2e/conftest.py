@@ -317,6 +317,7 @@ class Backfill:
     triggered_ingest: dict
     backfill: dict
     runs: list  # backfill runs in order, each with "tasks": {task_id: state}
+    live_runs: list  # the scheduled runs when the backfill completed, each with "tasks"
     seconds: dict
 
 
@@ -358,9 +359,12 @@ def hourly_backfill(airflow) -> Backfill:
             raise AssertionError(f"backfill not complete after {BACKFILL_TIMEOUT}s: {states}")
         time.sleep(3)
     seconds["backfill"] = time.monotonic() - clock
+    # The live run the scheduler made on unpausing (the latest hour, far past the watermark), as it is now.
+    live = [{**r, "tasks": api.task_states("traffic_hourly", r["dag_run_id"])}
+            for r in api.runs("traffic_hourly", run_type="scheduled")]
     print(f"\nAirflow e2e: ingest {seconds['ingest']:.0f} s, backfill of {(end - start) // timedelta(hours=1)} hours {seconds['backfill']:.0f} s")
     runs = sorted(api.runs("traffic_hourly", run_type="backfill"), key=lambda r: r["data_interval_start"])
     for r in runs:
         r["tasks"] = api.task_states("traffic_hourly", r["dag_run_id"])
     return Backfill(midnight=midnight, start=start, end=end, expected=expected, ingest_runs=ingest_runs,
-                    triggered_ingest=triggered, backfill=backfill, runs=runs, seconds=seconds)
+                    triggered_ingest=triggered, backfill=backfill, runs=runs, seconds=seconds, live_runs=live)

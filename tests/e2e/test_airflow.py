@@ -105,6 +105,21 @@ def test_backfill_freezes_every_hour_and_rolls_up_the_day_once_at_midnight(airfl
     assert sum(e["expired_hours"] for e in expired) == len(scenario.runs) - 1, expired
 
 
+def test_the_live_run_waiting_for_the_watermark_does_not_hold_the_backfill_back(airflow, hourly_backfill):
+    """Issue 26: the scheduler's own run of the latest hour waits (its sensor, up to two hours) for a
+    watermark two days behind, and the backfill completes beside it all the same."""
+    live = hourly_backfill.live_runs
+    assert len(live) == 1, live
+    run = live[0]
+    assert run["state"] in ("queued", "running"), run
+    assert run["tasks"]["wait_for_watermark"] in ("up_for_reschedule", "running", "scheduled", "queued"), run
+    assert run["tasks"]["freeze"] is None, run
+    latest = max(r["data_interval_end"] for r in hourly_backfill.runs)
+    assert run["data_interval_start"] > latest  # an hour the watermark has not reached
+    # It was waiting while the backfill's runs went through, not created after them.
+    assert run["start_date"] < max(r["end_date"] for r in hourly_backfill.runs), run
+
+
 def test_rerunning_a_final_hour_rechecks_without_spark(airflow, hourly_backfill):
     """Clearing a finished run re-runs it: the freeze is skipped (already final) and no table changes."""
     api, warehouse = airflow.api, _warehouse(airflow)
