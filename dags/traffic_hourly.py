@@ -7,7 +7,7 @@ Each run owns the data interval `[start, end)` of one UTC hour (a real one-hour 
 |---|---|---|
 | `wait_for_watermark` | sensor (`mode="reschedule"`, poke every 60 s, **timeout 2 h**): waits until the watermark `W` has reached the interval end | no |
 | `freeze_needed` | "already final?" — if every hour up to the interval end is frozen, the freeze is **skipped** (final hours are re-checked below, never recomputed) | no |
-| `freeze` | `jobs/close.py --until <interval end> --only freeze`: final rows, ledger row and checks of each closed hour | yes |
+| `freeze` | `jobs/close.py --until <interval end> --only freeze`: final rows, ledger row and checks of each closed hour; in a **backfill** run, every hour the watermark has closed (no `--until`), so the backfill's first run freezes its whole range in one Spark application and the later runs find their hours final | yes |
 | `day_closes` → `roll_up_day` | roll up the day only when the interval ends at midnight UTC, or a closed day is still waiting (catch-up); otherwise `roll_up_day` is **skipped** | only when it runs |
 | `month_closes` → `roll_up_month` | the same for a month (`--only months`) | only when it runs |
 | `expire` | raw detail older than `keep_hours` (`close --only expire`, in the worker, no JVM with the `rs` engine) | no |
@@ -43,6 +43,10 @@ from airflow.sdk import CronDataIntervalTimetable, TriggerRule, dag, task
 ROOT = Path(__file__).absolute().parent.parent
 CLOSE_JOB = str(ROOT / "jobs" / "close.py")
 UNTIL = "{{ data_interval_end | ts }}"
+#: A backfill run freezes every hour the watermark has closed: freezing is decided by the watermark, not
+#: by when it runs (contract §3), so one Spark application does the whole range and the backfill's
+#: later runs only re-check. Roll-ups keep their interval end: a day still closes only at its midnight.
+FREEZE_UNTIL = "{{ '' if dag_run.run_type == 'backfill' else (data_interval_end | ts) }}"
 WAIT_TIMEOUT = timedelta(hours=2)
 
 
@@ -54,15 +58,23 @@ def _pass_settings(context) -> None:
     prepare_spark_submit(context["task"], quick_by_default=True)
 
 
-def _close_step(task_id: str, step: str, **kwargs) -> SparkSubmitOperator:
-    """One step of `traffic close`, bounded by the interval end, as its own Spark application."""
+def _pass_settings_and_say_the_bound(context) -> None:
+    """``_pass_settings``, and the freeze's bound in the task log (a backfill run freezes all it can)."""
+    from traffic.orchestration.dag_support import say_freeze_bound
+
+    _pass_settings(context)
+    say_freeze_bound(str(context["dag_run"].run_type), context["data_interval_end"])
+
+
+def _close_step(task_id: str, step: str, until: str = UNTIL, **kwargs) -> SparkSubmitOperator:
+    """One step of `traffic close`, bounded by ``until`` (the interval end), as its own Spark application."""
     return SparkSubmitOperator(
         task_id=task_id,
         application=CLOSE_JOB,
-        application_args=["--until", UNTIL, "--only", step],
+        application_args=["--until", until, "--only", step],
         name=f"traffic-close-{step}",
         conn_id="spark_default",
-        pre_execute=_pass_settings,
+        pre_execute=_pass_settings_and_say_the_bound if step == "freeze" else _pass_settings,
         execution_timeout=timedelta(minutes=30),
         **kwargs,
     )
@@ -130,7 +142,7 @@ def traffic_hourly():
 
         return notify_alerts()
 
-    freeze = _close_step("freeze", "freeze")
+    freeze = _close_step("freeze", "freeze", until=FREEZE_UNTIL)
     roll_up_day = _close_step("roll_up_day", "days")
     roll_up_month = _close_step("roll_up_month", "months")
 

@@ -138,7 +138,7 @@ def test_spark_tasks_submit_the_jobs_with_the_settings_passed_at_run_time(dagbag
         ("traffic_replay", "replay"): "replay.py",
     }
     until = "{{ data_interval_end | ts }}"
-    assert jobs[("traffic_hourly", "freeze")][1] == ["--until", until, "--only", "freeze"]
+    assert jobs[("traffic_hourly", "freeze")][1][2:] == ["--only", "freeze"]  # its bound: the test below
     assert jobs[("traffic_hourly", "roll_up_day")][1] == ["--until", until, "--only", "days"]
     assert jobs[("traffic_hourly", "roll_up_month")][1] == ["--until", until, "--only", "months"]
 
@@ -167,7 +167,8 @@ def test_spark_tasks_start_the_jvm_their_job_needs(dagbag, monkeypatch):
             for task in dag.tasks:
                 if isinstance(task, SparkSubmitOperator):
                     fake = SimpleNamespace(conf=None, env_vars=None)
-                    task._pre_execute_hook({"task": fake})
+                    task._pre_execute_hook({"task": fake, "dag_run": SimpleNamespace(run_type="scheduled"),
+                                            "data_interval_end": "2026-11-20T03:00:00+00:00"})
                     assert "TZ" in fake.env_vars
                     seen[(dag.dag_id, task.task_id)] = fake.conf["spark.driver.extraJavaOptions"]
         assert all("-Dlog4j.configurationFile=file:" in options for options in seen.values()), seen
@@ -288,3 +289,41 @@ def test_replay_template_renders_the_argument_list(dagbag, archive):
                 "source": "edge", "restate": False, "reason": None})
     assert rendered == ["--from=2026-11-19T22:00:00+00:00", "--to=2026-11-19T23:00:00+00:00",
                         f"--input={archive}", "--source=edge"]
+
+
+def test_a_backfill_run_freezes_every_closed_hour_and_a_scheduled_run_up_to_its_interval_end(dagbag):
+    """Issue 26: a backfill's runs share one freeze of the range (no ``--until``: all the watermark closed)."""
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from airflow.utils.types import DagRunType
+
+    dag = dagbag.dags["traffic_hourly"]
+    task = dag.get_task("freeze")
+    end = datetime(2026, 11, 20, 3, tzinfo=timezone.utc)
+
+    def rendered(run_type):
+        return [dag.get_template_env().from_string(arg).render(
+            dag_run=SimpleNamespace(run_type=run_type), data_interval_end=end) for arg in task.application_args]
+
+    assert rendered(DagRunType.SCHEDULED) == ["--until", "2026-11-20T03:00:00+00:00", "--only", "freeze"]
+    assert rendered(DagRunType.MANUAL) == ["--until", "2026-11-20T03:00:00+00:00", "--only", "freeze"]
+    assert rendered(DagRunType.BACKFILL_JOB) == ["--until", "", "--only", "freeze"]
+    # The roll-ups keep their interval end in every run: a day still closes only at its midnight.
+    for step in ("roll_up_day", "roll_up_month"):
+        args = dag.get_task(step).application_args
+        assert dag.get_template_env().from_string(args[1]).render(data_interval_end=end) == "2026-11-20T03:00:00+00:00"
+
+
+def test_the_freeze_says_in_its_log_how_far_it_goes(caplog):
+    import logging
+    from datetime import datetime, timezone
+
+    from traffic.orchestration.dag_support import say_freeze_bound
+
+    end = datetime(2026, 11, 20, 3, tzinfo=timezone.utc)
+    with caplog.at_level(logging.INFO):
+        say_freeze_bound("backfill", end)
+        say_freeze_bound("scheduled", end)
+    assert "backfill run: freezing every hour the watermark has closed" in caplog.records[0].getMessage()
+    assert caplog.records[1].getMessage().startswith("freezing the closed hours up to 2026-11-20")

@@ -59,11 +59,14 @@ def test_backfill_freezes_every_hour_and_rolls_up_the_day_once_at_midnight(airfl
     scenario = hourly_backfill
     hours = _hours(scenario.start, scenario.end)
     assert [r["data_interval_start"][:16] for r in scenario.runs] == [f"{h:%Y-%m-%dT%H:%M}" for h in hours]
-    for run in scenario.runs:
+    for index, run in enumerate(scenario.runs):
         at_midnight = run["data_interval_end"].startswith(f"{scenario.midnight:%Y-%m-%dT%H:%M}")
         assert run["state"] == "success", run
+        # Issue 26: the backfill's first run freezes every hour the watermark has closed (the whole range,
+        # in one Spark application); the later runs find theirs final and only re-check them.
         assert run["tasks"] == {
-            "wait_for_watermark": "success", "freeze_needed": "success", "freeze": "success",
+            "wait_for_watermark": "success", "freeze_needed": "success",
+            "freeze": "success" if index == 0 else "skipped",
             "day_closes": "success", "roll_up_day": "success" if at_midnight else "skipped",
             "month_closes": "success", "roll_up_month": "skipped",
             "expire": "success", "publish_data_quality": "success", "notify_alerts": "success",

@@ -79,6 +79,15 @@ def prepare_spark_submit(task, quick_by_default: bool) -> None:
     task.conf = {**(task.conf or {}), **spark_submit_conf(quick_by_default)}
 
 
+def say_freeze_bound(run_type: str, interval_end: Any) -> None:
+    """Log how far this run's freeze goes: its interval end, or (a backfill run) the watermark."""
+    if run_type.rsplit(".", 1)[-1].lower() in ("backfill", "backfill_job"):
+        log.info("backfill run: freezing every hour the watermark has closed, not only up to %s, so this "
+                 "backfill's later runs find their hours final and only re-check them", _fmt(as_utc(interval_end)))
+    else:
+        log.info("freezing the closed hours up to %s", _fmt(as_utc(interval_end)))
+
+
 # -- the checks the sensors and short-circuits ask ------------------------------------------
 
 def watermark_passed(interval_end: Any) -> bool:
