@@ -112,6 +112,46 @@ def test_hourly_parts_count_known_directions_only_and_sum_across_tasks():
         (hour, UNASSIGNED, "out", 20, 1)]
 
 
+def test_a_batch_whose_tasks_left_per_address_pane_parts_still_gets_its_account_totals(tmp_path):
+    """A batch interrupted after its first commit under the previous version finishes under this one: its
+    tasks left per-address pane parts, which the driver attributes as the tasks now do themselves."""
+    from types import SimpleNamespace
+
+    from traffic.accounting import ingest
+
+    accounts = tmp_path / "accounts.toml"
+    accounts.write_text('[[version]]\nname = "v1"\neffective_from = 2026-10-01\n[version.accounts]\n'
+                        'acme = ["10.0.0.1/32"]\n\n[[version]]\nname = "v2"\neffective_from = 2026-11-01T12:10:00Z\n'
+                        '[version.accounts]\nbeta = ["10.0.0.0/30"]\n')
+    hour = datetime(2026, 11, 1, 12, tzinfo=UTC)
+    parsed = _parsed([{"kind": "packet", "ts": hour + timedelta(minutes=m), "local_ip": ip, "bytes": b}
+                      for m, ip, b in ((1, "10.0.0.1", 10), (2, "10.0.0.1", 20), (3, "10.0.0.2", 40),
+                                       (11, "10.0.0.1", 80), (12, "10.0.0.9", 160))])
+    packets = B.split_by_fate(parsed, _rules())["packets"]
+    old_parts = pa.table({"pane_start": parts.floor_to(packets.column("ts"), parts.PANE_US),
+                          "source": packets.column("source"), "local_ip": packets.column("local_ip"),
+                          "direction": packets.column("direction"), "bytes": packets.column("bytes"),
+                          "packets": parts.weights(packets)})
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    parts.save_part(str(scratch), "panes", 0, 0, old_parts.slice(0, 3))
+    parts.save_part(str(scratch), "panes", 1, 0, old_parts.slice(3))
+    read = SimpleNamespace(scratch=scratch, attempts={0: 0, 1: 0})
+    warehouse = SimpleNamespace(settings=SimpleNamespace(accounts_file=accounts))
+    got = ingest._account_parts(warehouse, read)
+
+    def rows(table):
+        return sorted(tuple(r.values()) for r in table.to_pylist())
+
+    assert rows(got) == rows(account_parts(packets, Mapping.of(accounts)))
+    assert {(r["account"], r["mapping_version"].split("@")[0], r["bytes"]) for r in got.to_pylist()} == {
+        ("acme", "v1", 30), (UNASSIGNED, "v1", 40), ("beta", "v2", 80), (UNASSIGNED, "v2", 160)}
+    # This version's tasks leave account parts: those are read as they are.
+    parts.save_part(str(scratch), "accounts", 0, 0, account_parts(packets, Mapping.of(accounts)))
+    parts.save_part(str(scratch), "accounts", 1, 0, account_parts(packets.slice(0, 0), Mapping.of(accounts)))
+    assert rows(ingest._account_parts(warehouse, read)) == rows(got)
+
+
 def _parts_over_hours(hours: int, pairs: int, repeats: int) -> pa.Table:
     """Hourly parts with every pair of every hour ``repeats`` times, plus rows without an hour."""
     start = datetime(2026, 11, 1, tzinfo=UTC)

@@ -411,7 +411,7 @@ def _write_hours(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -
 
     txn, restated = (APP, plan["batch_id"]), _restated_hours(plan)
     hourly_parts = parts.read_parts(str(read.scratch), "hourly", read.attempts)
-    account_parts = parts.read_parts(str(read.scratch), "accounts", read.attempts)
+    account_parts = _account_parts(warehouse, read)
     hourly, panes = warehouse.table("hourly"), warehouse.table("panes")
     if restated:
         hourly.replace(parts.sum_hourly(hourly_parts, "final", DRIVER_THREADS), keys=restated, txn=txn, op="restate")
@@ -430,6 +430,17 @@ def _write_hours(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -
     lost = st.rows(parts.read_parts(str(read.scratch), "lost", read.attempts))
     _write_panes(warehouse, read.summary, txn, replace_hours=restated, lost=lost)
     _grow_late_counters(warehouse, read.summary, txn)
+
+
+def _account_parts(warehouse: Warehouse, read: _Read) -> pa.Table:
+    """The tasks' pane totals per account. A batch whose tasks ran under an earlier version (interrupted
+    after its first commit, then finished after an upgrade) left per-address parts: attributed here."""
+    scratch = str(read.scratch)
+    if read.attempts and not parts.has_parts(scratch, "accounts", read.attempts) \
+            and parts.has_parts(scratch, "panes", read.attempts):
+        return P.account_parts_of_addresses(parts.read_parts(scratch, "panes", read.attempts),
+                                            P.Mapping.of(warehouse.settings.accounts_file))
+    return parts.read_parts(scratch, "accounts", read.attempts)
 
 
 def _commit(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -> BatchResult:

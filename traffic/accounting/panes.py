@@ -128,6 +128,18 @@ def account_parts(packets, mapping: Mapping):
                       ACCOUNT_PARTS)
 
 
+def account_parts_of_addresses(per_address, mapping: Mapping):
+    """Per-address pane parts (``parts.ADDRESS_PANE_PARTS``) → the same per-account sums as ``account_parts``."""
+    import pyarrow as pa
+
+    amounts = {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")}
+    summed = group_sums(per_address, ["pane_start", "source", "local_ip", "direction"], amounts).combine_chunks()
+    attributed = pa.Table.from_batches(list(_attribute(mapping)(iter(summed.to_batches()))),
+                                       schema=summed.schema.append(pa.field("account", pa.string()))
+                                       .append(pa.field("mapping_version", pa.string())))
+    return group_sums(attributed, list(KEY), amounts, ACCOUNT_PARTS)
+
+
 def sum_pane_rows(rows, status: str):
     """Attributed pane parts (or rows) summed per pane key, as ``panes`` rows with ``status``."""
     import pyarrow as pa

@@ -27,6 +27,10 @@ SUMMARY = pa.schema([("fate", pa.string()), ("source", pa.string()), ("pane", _T
 HOURLY_PARTS = pa.schema([("hour", _TS), ("local_ip", pa.string()), ("remote_ip", pa.string()),
                           ("bytes", pa.int64()), ("packets", pa.int64()), ("bytes_in", pa.int64()),
                           ("bytes_out", pa.int64())])
+#: Per-address pane parts, which ingest tasks left before they attributed panes themselves: a batch
+#: interrupted after its first commit by an earlier version still has them (``ingest``'s ``_account_parts``).
+ADDRESS_PANE_PARTS = pa.schema([("pane_start", _TS), ("source", pa.string()), ("local_ip", pa.string()),
+                                ("direction", pa.string()), ("bytes", pa.int64()), ("packets", pa.int64())])
 REJECT_ROWS = pa.schema([("source", pa.string()), ("input_file", pa.string()), ("record", pa.string()),
                          ("reason", pa.string()), ("ts", _TS)])
 #: Per hour, rows of the open and the recomputed side without an equal row on the other (a freeze's check).
@@ -42,7 +46,7 @@ RAW_SUMS = pa.schema([("hour", _TS), ("bytes", pa.int64()), ("packets", pa.int64
 TELEMETRY_STATE = pa.schema([("source", pa.string()), ("state", pa.string()), ("skipped", pa.string())])
 #: Export sequence units lost per source and pane (``traffic.io.telemetry.LOST_SCHEMA``).
 LOST = pa.schema([("source", pa.string()), ("pane_start", _TS), ("lost", pa.int64())])
-_PARTS = {"summary": SUMMARY, "lost": LOST, "telemetry": TELEMETRY_STATE, "hourly": HOURLY_PARTS, "rejects": REJECT_ROWS, "raw": RAW_SUMS,
+_PARTS = {"summary": SUMMARY, "lost": LOST, "telemetry": TELEMETRY_STATE, "hourly": HOURLY_PARTS, "panes": ADDRESS_PANE_PARTS, "rejects": REJECT_ROWS, "raw": RAW_SUMS,
           "accounts": ACCOUNT_PARTS, "differing": DIFFERING}
 
 
@@ -116,6 +120,11 @@ def save_part(scratch: str, what: str, chunk: int, attempt: int, table: pa.Table
 
     feather.write_feather(table.cast(_PARTS[what]), str(part_path(scratch, what, chunk, attempt)),
                           compression="uncompressed")
+
+
+def has_parts(scratch: str, what: str, attempts: dict[int, int]) -> bool:
+    """Whether every chunk's final attempt left this kind of part."""
+    return all(part_path(scratch, what, chunk, attempt).exists() for chunk, attempt in attempts.items())
 
 
 def read_parts(scratch: str, what: str, attempts: dict[int, int]) -> pa.Table:
