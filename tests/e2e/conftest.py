@@ -285,14 +285,15 @@ def scheduler_alive(log: Path) -> None:
         raise AssertionError("Airflow's scheduler died (so queued runs never start): " + " | ".join(excerpt[:5]))
 
 
-def create_backfill(api: AirflowApi, dag_id: str, first: datetime, last: datetime) -> dict:
-    """POST /api/v2/backfills for the logical dates ``first``…``last``, one run at a time.
+def create_backfill(api: AirflowApi, dag_id: str, first: datetime, last: datetime, reprocess: str = "none") -> dict:
+    """POST /api/v2/backfills for the logical dates ``first``…``last``, one run at a time (``reprocess``:
+    Airflow's reprocess behavior, ``none`` for missing runs only, ``completed`` to run them all again).
 
     On SQLite, Airflow refuses to create a backfill while another writer holds the database
     ("Database is locked", 503) and removes the partial one: wait a moment and ask again.
     """
     body = {"dag_id": dag_id, "from_date": first.isoformat(), "to_date": last.isoformat(),
-            "max_active_runs": 1, "reprocess_behavior": "none"}
+            "max_active_runs": 1, "reprocess_behavior": reprocess}
     deadline = time.monotonic() + 90
     while True:
         try:
