@@ -118,26 +118,23 @@ def account_parts(packets, mapping: Mapping):
     """
     import pyarrow as pa
 
-    table = pa.table({"pane_start": floor_to(packets.column("ts"), PANE_US), "source": packets.column("source"),
-                      "local_ip": packets.column("local_ip"), "direction": packets.column("direction"),
-                      "bytes": packets.column("bytes"), "packets": weights(packets)}).combine_chunks()
+    return account_parts_of_addresses(pa.table({
+        "pane_start": floor_to(packets.column("ts"), PANE_US), "source": packets.column("source"),
+        "local_ip": packets.column("local_ip"), "direction": packets.column("direction"),
+        "bytes": packets.column("bytes"), "packets": weights(packets)}), mapping)
+
+
+def account_parts_of_addresses(per_address, mapping: Mapping):
+    """Rows of (pane_start, source, local_ip, direction, bytes, packets) — packets, or the per-address pane
+    parts ingest tasks left before they attributed panes themselves — → per-account sums."""
+    import pyarrow as pa
+
+    table = per_address.combine_chunks()
     attributed = pa.Table.from_batches(list(_attribute(mapping)(iter(table.to_batches()))),
                                        schema=table.schema.append(pa.field("account", pa.string()))
                                        .append(pa.field("mapping_version", pa.string())))
     return group_sums(attributed, list(KEY), {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")},
                       ACCOUNT_PARTS)
-
-
-def account_parts_of_addresses(per_address, mapping: Mapping):
-    """Per-address pane parts (``parts.ADDRESS_PANE_PARTS``) → the same per-account sums as ``account_parts``."""
-    import pyarrow as pa
-
-    amounts = {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")}
-    summed = group_sums(per_address, ["pane_start", "source", "local_ip", "direction"], amounts).combine_chunks()
-    attributed = pa.Table.from_batches(list(_attribute(mapping)(iter(summed.to_batches()))),
-                                       schema=summed.schema.append(pa.field("account", pa.string()))
-                                       .append(pa.field("mapping_version", pa.string())))
-    return group_sums(attributed, list(KEY), amounts, ACCOUNT_PARTS)
 
 
 def sum_pane_rows(rows, status: str):

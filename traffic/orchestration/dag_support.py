@@ -81,7 +81,7 @@ def prepare_spark_submit(task, quick_by_default: bool) -> None:
 
 def say_freeze_bound(run_type: str, interval_end: Any) -> None:
     """Log how far this run's freeze goes: its interval end, or (a backfill run) the watermark."""
-    if run_type.rsplit(".", 1)[-1].lower() in ("backfill", "backfill_job"):
+    if run_type == "backfill":  # DagRunType.BACKFILL_JOB's value, as the DAG's template compares it
         log.info("backfill run: freezing every hour the watermark has closed, not only up to %s, so this "
                  "backfill's later runs find their hours final and only re-check them", _fmt(as_utc(interval_end)))
     else:
