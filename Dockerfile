@@ -5,7 +5,10 @@
 # DELTA_SPARK_SHA256 and DELTA_STORAGE_SHA256 from .env; with neither set the image has no jars
 # and the Delta layer runs its rs engine); every service starts through
 # refuse-placeholders.sh, which refuses a setting still holding .env.example's change-me.
-FROM python:3.11-slim-bookworm
+# The base is a build argument: the official Python image by default, or (no image registry
+# reachable) the one scripts/local-images.sh builds from Debian's packages (TRAFFIC_BASE_IMAGE in .env).
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 
 ARG DELTA_VERSION=4.4.1
 ARG SCALA_VERSION=2.13
@@ -28,7 +31,8 @@ RUN apt-get update \
 
 WORKDIR /opt/traffic
 COPY requirements.lock pyproject.toml README.md ./
-RUN pip install -r requirements.lock "psycopg2-binary>=2.9"
+# Airflow on Postgres: psycopg2 for its sync engine, asyncpg for its async one (the compose extra).
+RUN pip install -r requirements.lock "psycopg2-binary==2.9.13" "asyncpg==0.32.0"
 COPY traffic ./traffic
 COPY schemas ./schemas
 COPY expectations ./expectations

@@ -266,3 +266,27 @@ def test_the_image_build_verifies_the_jars_and_compose_pins_them(compose):
     assert re.search(r"^RUN fetch-delta-jars\.sh /opt/delta-jars$", dockerfile, re.M)
     assert "curl" not in dockerfile.split("fetch-delta-jars.sh /opt/delta-jars")[0].split("apt-get install")[1] \
         .split("\n", 1)[1], "the jars are fetched by the verifying script only"
+
+
+def test_the_driver_listens_where_the_stacks_executors_reach_it(compose):
+    """In the stack the driver (a task's spark-submit, in the scheduler's container) must be reachable from
+    the workers' containers; everywhere else it listens on 127.0.0.1 only."""
+    from traffic.runtime.spark import driver_on_loopback
+
+    assert not driver_on_loopback(compose["services"]["airflow-scheduler"]["environment"]["TRAFFIC_SPARK_MASTER"])
+    for master in ("local[2]", "local[*]", "auto", "spark://127.0.0.1:7077", "spark://localhost:7077"):
+        assert driver_on_loopback(master), master
+
+
+def test_base_images_come_from_build_arguments_with_the_official_defaults(compose):
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=python:3.11-slim-bookworm\nFROM ${BASE_IMAGE}" in dockerfile
+    build = compose["services"]["airflow-init"]["build"]
+    assert build["network"] == "host" and build["args"]["BASE_IMAGE"] == "${TRAFFIC_BASE_IMAGE:-python:3.11-slim-bookworm}"
+    assert compose["services"]["postgres"]["image"] == "${POSTGRES_IMAGE:-postgres:16}"
+    # the offline bases are what local-images.sh builds, under the names .env.example's comment gives
+    script = (ROOT / "scripts" / "local-images.sh").read_text()
+    for name in ("traffic-python:3.11-bookworm", "traffic-postgres:15-bookworm"):
+        assert name in script
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert ignored[1] == "*" and "!.venv" not in ignored, "the build context must leave the virtualenv out"

@@ -36,6 +36,14 @@ def resolve_master(settings: Settings) -> str:
     return LOCAL_MASTER
 
 
+def driver_on_loopback(master: str) -> bool:
+    """Does the driver listen on 127.0.0.1 only? Yes, unless its executors run on another host: a
+    ``spark://`` master named by anything but a loopback address (the compose stack's
+    ``spark://spark-master:7077``), whose executors must reach the driver at this host's address."""
+    match = re.match(r"spark://([^:/,]+)", master.strip())
+    return match is None or match.group(1) in {"127.0.0.1", "localhost", "::1"}
+
+
 def build_spark(settings: Settings, app_name: str):
     """A SparkSession tuned for this pipeline: UTC, microsecond timestamps, few partitions, no UI."""
     from pyspark.sql import SparkSession
@@ -69,14 +77,14 @@ def build_spark(settings: Settings, app_name: str):
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
         .config("spark.sql.files.maxPartitionBytes", str(settings.split_bytes))
         .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
         .config("spark.hadoop.parquet.enable.summary-metadata", "false")
         .config("spark.driver.extraJavaOptions", java_options)
     )
+    if driver_on_loopback(master):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     if choose_engine(settings) == "spark":
         jars = sorted(str(p) for p in settings.spark_jars_dir.glob("*.jar"))
         builder = (
