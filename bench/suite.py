@@ -640,7 +640,8 @@ class Bench:
         import signal
         import subprocess
 
-        from tests.e2e.conftest import AirflowApi, ApiError, _free_port, _stop, create_backfill
+        from tests.e2e.conftest import _free_port, _stop
+        from tests.support.airflow_api import AirflowApi, ApiError, create_backfill
 
         def patient(call, *args):
             """SQLite's Airflow answers 500/503 while its scheduler holds the database: ask again."""

@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+
+from tests.support.airflow_api import AirflowApi, create_backfill, failed_task_logs, write_router_feed  # noqa: F401 (tests import the feed from here)
 
 ROOT = Path(__file__).resolve().parents[2]
 UTC = timezone.utc
@@ -43,90 +41,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-class ApiError(AssertionError):
-    """A REST API answer other than 2xx (the message has the status and the body)."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
-
-
-class AirflowApi:
-    """A tiny REST API v2 client (urllib) with a simple-auth-manager JWT."""
-
-    def __init__(self, url: str, password: str):
-        self.url, self.password, self._token = url, password, None
-
-    def token(self) -> str:
-        if self._token is None:
-            body = self._send("POST", "/auth/token", {"username": "admin", "password": self.password}, auth=False)
-            self._token = body["access_token"]
-        return self._token
-
-    def _send(self, method: str, path: str, body=None, auth: bool = True):
-        headers = {"Content-Type": "application/json"}
-        if auth:
-            headers["Authorization"] = f"Bearer {self.token()}"
-        request = urllib.request.Request(self.url + path, method=method, headers=headers,
-                                         data=None if body is None else json.dumps(body).encode())
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                text = response.read()
-        except urllib.error.HTTPError as error:
-            raise ApiError(f"{method} {path} → {error.code}: {error.read().decode()[:2000]}", error.code) from None
-        return json.loads(text) if text else None
-
-    def get(self, path: str):
-        return self._send("GET", path)
-
-    def post(self, path: str, body):
-        return self._send("POST", path, body)
-
-    def patch(self, path: str, body):
-        return self._send("PATCH", path, body)
-
-    def unpause(self, dag_id: str) -> None:
-        self.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
-
-    def runs(self, dag_id: str, **query) -> list[dict]:
-        params = "&".join(f"{k}={v}" for k, v in {"limit": 100, **query}.items())
-        return self.get(f"/api/v2/dags/{dag_id}/dagRuns?{params}")["dag_runs"]
-
-    def run(self, dag_id: str, run_id: str) -> dict:
-        return self.get(f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}")
-
-    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
-        tis = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances")
-        return {t["task_id"]: t["state"] for t in tis["task_instances"]}
-
-    def wait_run(self, dag_id: str, run_id: str, timeout: float, home: Path | None = None) -> dict:
-        """Poll until the run is finished; on timeout say where every task is."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            run = self.run(dag_id, run_id)
-            if run["state"] in ("success", "failed"):
-                return run
-            time.sleep(2)
-        raise AssertionError(f"{dag_id} {run_id} not finished after {timeout}s: {self.task_states(dag_id, run_id)}"
-                             + (failed_task_logs(home, dag_id, run_id) if home else ""))
-
-
-def failed_task_logs(home: Path, dag_id: str, run_id: str, lines: int = 40) -> str:
-    """The end of every failed or running task's log of a run (what a failing test should print)."""
-    out = []
-    for log in sorted((home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}").glob("task_id=*/attempt=*.log")):
-        text = log.read_text(errors="replace").splitlines()
-        if any('"level":"error"' in line or "ERROR" in line for line in text):
-            events = []
-            for line in text[-lines:]:
-                try:
-                    events.append(json.loads(line).get("event", line))
-                except ValueError:
-                    events.append(line)
-            out.append(f"\n--- {log.relative_to(home)}\n" + "\n".join(map(str, events)))
-    return "".join(out)
 
 
 @dataclass
@@ -243,33 +157,6 @@ def airflow(tmp_path_factory):
 
 # -- sample traffic ------------------------------------------------------------------------------
 
-def write_router_feed(path: Path, start: datetime, end: datetime, seed: int) -> dict[datetime, list[int]]:
-    """Router-feed CSV: a few packets a minute over ``[start, end)``, a clock tick at ``end``.
-
-    Returns (bytes, packets) per hour. Written under a temporary name, then renamed, as a sender does.
-    """
-    rng = random.Random(seed)
-    lines, per_hour = [], {}
-    moment = start
-    while moment < end:
-        for _ in range(rng.randint(1, 3)):
-            ts = moment + timedelta(microseconds=rng.randrange(60_000_000))
-            size = rng.choice([64, 576, 1500])
-            lines.append(f"new,OP_INSERT,{int(ts.timestamp()) * 1_000_000 + ts.microsecond},"
-                         f"192.0.2.{rng.randint(10, 14)},198.51.100.{rng.randint(1, 9)},"
-                         f"{rng.randint(1024, 65535)},443,{size}")
-            totals = per_hour.setdefault(moment.replace(minute=0), [0, 0])
-            totals[0] += size
-            totals[1] += 1
-        moment += timedelta(minutes=1)
-    lines.append(f"new,OP_INSERT,{int(end.timestamp()) * 1_000_000}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".part")
-    partial.write_text("\n".join(lines) + "\n")
-    partial.rename(path)
-    return per_hour
-
-
 def scenario_midnight() -> datetime:
     """Midnight two days back: in the past (backfills only create finished intervals), well within max_history."""
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -283,29 +170,6 @@ def scheduler_alive(log: Path) -> None:
     if crash >= 0:
         excerpt = [line for line in text[crash:].splitlines()[:60] if "Error" in line or "error" in line]
         raise AssertionError("Airflow's scheduler died (so queued runs never start): " + " | ".join(excerpt[:5]))
-
-
-def create_backfill(api: AirflowApi, dag_id: str, first: datetime, last: datetime, reprocess: str = "none") -> dict:
-    """POST /api/v2/backfills for the logical dates ``first``…``last``, one run at a time (``reprocess``:
-    Airflow's reprocess behavior, ``none`` for missing runs only, ``completed`` to run them all again).
-
-    On SQLite, Airflow refuses to create a backfill while another writer holds the database
-    ("Database is locked", 503) and removes the partial one: wait a moment and ask again.
-    """
-    body = {"dag_id": dag_id, "from_date": first.isoformat(), "to_date": last.isoformat(),
-            "max_active_runs": 1, "reprocess_behavior": reprocess}
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            return api.post("/api/v2/backfills", body)
-        except ApiError as error:
-            if error.status == 409:  # an earlier attempt got through after all
-                active = [b for b in api.get(f"/api/v2/backfills?dag_id={dag_id}")["backfills"] if not b["completed_at"]]
-                if active:
-                    return active[0]
-            if error.status not in (409, 503) or time.monotonic() > deadline:
-                raise
-        time.sleep(2)
 
 
 @dataclass
