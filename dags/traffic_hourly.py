@@ -29,7 +29,9 @@ Choices:
 * Retries: 2 (Spark start-up failures are transient); the sensor timeout is not retried.
 
 Settings (`TRAFFIC_WAREHOUSE`, `TRAFFIC_INBOX`, `TRAFFIC_KEEP_HOURS`, `TRAFFIC_CONFIG`, …) come
-from the worker's environment when a task runs and are passed on to `spark-submit`.
+from the worker's environment when a task runs and are passed on to `spark-submit`. With `TRAFFIC_SPARK_CONNECT` set
+(the compose stack's `spark-connect` service), a Spark task runs its job as a client of that warm
+server while it answers, and starts no JVM; the task log says which way it ran.
 """
 
 from __future__ import annotations
@@ -50,6 +52,15 @@ FREEZE_UNTIL = "{{ '' if dag_run.run_type == 'backfill' else (data_interval_end 
 WAIT_TIMEOUT = timedelta(hours=2)
 
 
+class WarmSparkSubmitOperator(SparkSubmitOperator):
+    """spark-submit, or a client of the warm Spark Connect server while one answers (the task log says which)."""
+
+    def execute(self, context):
+        from traffic.orchestration.dag_support import run_spark_step
+
+        return run_spark_step(self, lambda: super(WarmSparkSubmitOperator, self).execute(context))
+
+
 def _pass_settings(context) -> None:
     """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse);
     the quick-starting JVM unless TRAFFIC_SPARK_JIT says otherwise."""
@@ -68,7 +79,7 @@ def _pass_settings_and_say_the_bound(context) -> None:
 
 def _close_step(task_id: str, step: str, until: str = UNTIL, **kwargs) -> SparkSubmitOperator:
     """One step of `traffic close`, bounded by ``until`` (the interval end), as its own Spark application."""
-    return SparkSubmitOperator(
+    return WarmSparkSubmitOperator(
         task_id=task_id,
         application=CLOSE_JOB,
         application_args=["--until", until, "--only", step],

@@ -11,7 +11,9 @@ schedule). `max_active_runs=1` and no catchup: a batch takes everything new, so 
 is simply folded into the next one, and two batches never race for the warehouse lock.
 
 Settings (`TRAFFIC_WAREHOUSE`, `TRAFFIC_INBOX`, `TRAFFIC_CONFIG`, …) come from the worker's
-environment when a task runs and are passed on to `spark-submit`.
+environment when a task runs and are passed on to `spark-submit`. With `TRAFFIC_SPARK_CONNECT` set
+(the compose stack's `spark-connect` service), a Spark task runs its job as a client of that warm
+server while it answers, and starts no JVM; the task log says which way it ran.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import dag, task
 
 ROOT = Path(__file__).absolute().parent.parent
+
+
+class WarmSparkSubmitOperator(SparkSubmitOperator):
+    """spark-submit, or a client of the warm Spark Connect server while one answers (the task log says which)."""
+
+    def execute(self, context):
+        from traffic.orchestration.dag_support import run_spark_step
+
+        return run_spark_step(self, lambda: super(WarmSparkSubmitOperator, self).execute(context))
 
 
 def _every_minutes() -> int:
@@ -59,7 +70,7 @@ def traffic_ingest():
 
         return inbox_has_new_files()
 
-    ingest = SparkSubmitOperator(
+    ingest = WarmSparkSubmitOperator(
         task_id="ingest",
         application=str(ROOT / "jobs" / "ingest.py"),
         name="traffic-ingest",

@@ -96,3 +96,35 @@ def test_the_token_and_the_record_are_the_owners_alone(warm):
         time.sleep(0.2)
     assert b"SparkConnectServer" in command and record["token"].encode() not in command
     assert record["token"] not in Path(record["log"]).read_text(errors="replace")
+
+
+NETWORK_CLIENT = """
+import sys
+from traffic.core.settings import load_settings
+from traffic.runtime.spark import build_spark
+try:
+    spark = build_spark(load_settings(environ={}, overrides={"spark_master": sys.argv[1]}), "auth-test")
+    print("ran", spark.range(3).count())
+except Exception as error:
+    print("refused", type(error).__name__, str(error).replace("\\n", " ")[:400])
+"""
+
+
+def _network_client(url: str, token: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN" and not k.startswith("TRAFFIC_")}
+    if token is not None:
+        env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token
+    done = subprocess.run([sys.executable, "-c", NETWORK_CLIENT, url], capture_output=True, text=True, timeout=180,
+                          env=env)
+    return done.stdout.strip() or done.stderr.strip()[-400:]
+
+
+def test_a_server_named_by_address_takes_the_token_as_a_plain_header_only_when_the_url_says_so(warm):
+    """The compose stack's clients reach `spark-connect` by name over the stack's network: `use_ssl=false`
+    sends the token from SPARK_CONNECT_AUTHENTICATE_TOKEN as a plain header, and only the right one runs."""
+    _, record, _ = warm
+    url = f"sc://127.0.0.1:{record['port']}/;use_ssl=false"
+    assert _network_client(url, record["token"]) == "ran 3"
+    for token in ("0" * 64, None):
+        outcome = _network_client(url, token)
+        assert outcome.startswith("refused") and "UNAUTHENTICATED" in outcome.upper(), (token, outcome)

@@ -20,7 +20,7 @@ from traffic.core.settings import _PARSERS
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_RUNNING = {"postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
-                "spark-master", "spark-worker", "collector"}
+                "spark-master", "spark-worker", "spark-connect", "collector"}
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +96,11 @@ def test_secrets_come_from_the_env_file(compose):
     text = (ROOT / "docker-compose.yml").read_text()
     example = dict(line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
                    if line and not line.startswith("#"))
-    for variable in set(re.findall(r"\$\{([A-Z0-9_]+)", text)) - {"SPARK_WORKER_CORES", "SPARK_WORKER_MEMORY"}:
+    for variable in set(re.findall(r"\$\{([A-Z0-9_]+)", text)) - {"SPARK_WORKER_CORES", "SPARK_WORKER_MEMORY",
+                                                                            "SPARK_CONNECT_CORES", "SPARK_CONNECT_MEMORY"}:
         assert variable in example, f"{variable} is used by docker-compose.yml but missing from .env.example"
-    for secret in ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET"):
+    for secret in ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET",
+                   "SPARK_CONNECT_TOKEN"):
         assert example[secret] == "change-me", f"{secret} must not hold a real value in .env.example"
         assert f"${{{secret}:?" in text, f"{secret} must be required, not defaulted"
     assert ".env" in (ROOT / ".gitignore").read_text().split()

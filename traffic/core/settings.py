@@ -103,6 +103,15 @@ def parse_time(name: str, value: Any) -> datetime | None:
     return parsed.replace(tzinfo=timezone.utc) if parsed.tzinfo is None else parsed.astimezone(timezone.utc)
 
 
+def _connect_url(name: str, value: str) -> str:
+    if value and not value.startswith("sc://"):
+        raise SettingsError(f"{name}: {value!r} is not a Spark Connect URL (sc://host:port)")
+    if "token=" in value.lower():
+        raise SettingsError(f"{name}: put the token in SPARK_CONNECT_AUTHENTICATE_TOKEN, not in the URL "
+                            "(settings are logged)")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every knob of the pipeline. Durations are ``timedelta``; paths are absolute."""
@@ -129,6 +138,9 @@ class Settings:
     engine: str = "auto"
     spark_master: str = "auto"
     spark_jit: str = "auto"
+    # A warm Spark Connect server the Airflow tasks use while it answers (``sc://host:port``; empty: none,
+    # every Spark task is a spark-submit). Its token comes from SPARK_CONNECT_AUTHENTICATE_TOKEN.
+    spark_connect: str = ""
     spark_jars_dir: Path | None = None
     shuffle_partitions: int = 4
     split_bytes: int = 64 * 1024 * 1024
@@ -194,6 +206,7 @@ _PARSERS = {
     "engine": lambda n, v: _choice(n, v, ("auto", "rs", "spark")),
     "spark_master": lambda n, v: str(v),
     "spark_jit": lambda n, v: _choice(n, v, JIT_MODES),
+    "spark_connect": lambda n, v: _connect_url(n, str(v)),
     "spark_jars_dir": lambda n, v: None if v in (None, "") else Path(v).expanduser().absolute(),
     "shuffle_partitions": lambda n, v: _parse_int(n, v, 1),
     "split_bytes": lambda n, v: _parse_int(n, v, 1024),

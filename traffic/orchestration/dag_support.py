@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
+from collections import deque
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 UTC = timezone.utc
 log = logging.getLogger(__name__)
@@ -77,6 +79,39 @@ def prepare_spark_submit(task, quick_by_default: bool) -> None:
     """``pre_execute`` of a SparkSubmitOperator: settings, environment and JVM options read when it runs."""
     task.env_vars = spark_submit_env()
     task.conf = {**(task.conf or {}), **spark_submit_conf(quick_by_default)}
+
+
+def run_spark_step(task, submit: Callable[[], Any]) -> Any:
+    """``execute`` of a DAG's Spark step: its job as a client of the warm Spark Connect server (setting
+    ``spark_connect``) while that server answers, so the task starts no JVM; else ``submit()``, the
+    operator's own spark-submit. The task log says which, and why."""
+    from traffic.runtime.connect import answers  # deferred: DAG parsing stays light
+    from traffic.storage.delta import choose_engine  # deferred: DAG parsing stays light
+
+    settings = settings_from_env()
+    engine = choose_engine(settings)
+    log.info("Delta layer: the %s engine (%s)", engine, f"Delta Lake's jars in {settings.spark_jars_dir}"
+             if engine == "spark" else "delta-rs, which needs no jars" if settings.engine == "rs"
+             else f"delta-rs: no Delta Lake jars in {settings.spark_jars_dir or 'spark_jars_dir (not set)'}")
+    url = settings.spark_connect
+    if not url:
+        log.info("Spark: spark-submit (no warm Spark Connect server is configured: spark_connect is empty)")
+        return submit()
+    if not answers(url):
+        log.warning("Spark: the warm Spark Connect server %s does not answer: spark-submit instead", url)
+        return submit()
+    log.info("Spark: a client of the warm Spark Connect server %s (no JVM start in this task)", url)
+    command = [sys.executable, task.application, *(task.application_args or [])]
+    env = {**os.environ, **(task.env_vars or {}), "TRAFFIC_SPARK_MASTER": url}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    last = deque(maxlen=5)
+    for line in process.stdout:
+        log.info("%s", line.rstrip())
+        last.append(line.rstrip())
+    if process.wait():
+        raise RuntimeError(f"{Path(task.application).name} exited with {process.returncode} (as a client of {url}): "
+                           + " | ".join(last))
+    return None
 
 
 def say_freeze_bound(run_type: str, interval_end: Any) -> None:

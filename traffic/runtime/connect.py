@@ -21,6 +21,7 @@ URL, ``sc://localhost:<port>/;token=<token>``, or in ``SPARK_CONNECT_AUTHENTICAT
 
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import logging
@@ -161,6 +162,69 @@ def start_server(port: int | None = None, master: str = "local[2]", log: Path | 
             time.sleep(0.5)
     server.stop()
     raise RuntimeError(f"Spark Connect server did not listen on 127.0.0.1:{port} within {timeout:.0f} s; see {log}")
+
+
+# -- a server on a private network (the compose stack's spark-connect service) ---------------------
+
+def _url_params(url: str) -> dict[str, str]:
+    return {k.strip().lower(): v.strip() for k, _, v in (p.partition("=") for p in url.split(";")[1:]) if k.strip()}
+
+
+def plain_with_token(url: str, environ=None) -> bool:
+    """Does ``url`` ask for its token over a plain channel to a host other than ``localhost``?
+
+    Spark Connect's server speaks no TLS, and pyspark sends a token over a plain channel only to the host
+    name ``localhost`` (anywhere else it opens TLS, which such a server refuses). A URL that says
+    ``use_ssl=false`` explicitly names a host on a network its operator trusts — the compose stack's
+    own bridge network, where Postgres's password travels too — and gets the token as a plain
+    ``authorization: Bearer`` header, which is what the server checks.
+    """
+    environ = os.environ if environ is None else environ
+    params = _url_params(url)
+    host = url[len("sc://"):].split("/")[0].split(";")[0].rsplit(":", 1)[0]
+    token = params.get("token") or environ.get(TOKEN_ENV)
+    return params.get("use_ssl", "").lower() == "false" and bool(token) and host != "localhost"
+
+
+def plain_channel_builder(url: str):
+    """A pyspark channel builder for ``url`` that sends its token as a header over a plain gRPC channel."""
+    import grpc  # deferred: only a client of such a server needs it
+    from pyspark.sql.connect.client import DefaultChannelBuilder  # deferred: with the session
+
+    class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                                "wait_for_ready", "compression")),
+                       grpc.ClientCallDetails):
+        pass
+
+    class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+        def __init__(self, token: str):
+            self.header = ("authorization", f"Bearer {token}")
+
+        def _with_token(self, details):
+            return _CallDetails(details.method, details.timeout, [*(details.metadata or ()), self.header],
+                                details.credentials, details.wait_for_ready, details.compression)
+
+        def intercept_unary_unary(self, continuation, details, request):
+            return continuation(self._with_token(details), request)
+
+        def intercept_unary_stream(self, continuation, details, request):
+            return continuation(self._with_token(details), request)
+
+    class PlainTokenChannel(DefaultChannelBuilder):
+        def toChannel(self):
+            return grpc.intercept_channel(self._insecure_channel(self.endpoint), BearerToken(self.token))
+
+    return PlainTokenChannel(url)
+
+
+def answers(url: str, timeout: float = 2.0) -> bool:
+    """Does something listen at the host and port of ``url`` (``sc://host:port``)?"""
+    host, _, port = url[len("sc://"):].split("/")[0].split(";")[0].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port or 15002)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 RECORD = "spark-connect.json"

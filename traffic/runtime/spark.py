@@ -10,7 +10,8 @@ import time
 import warnings
 
 from traffic.runtime import jvm
-from traffic.runtime.connect import CONNECT_SESSION_CONF, client_url, recorded_server
+from traffic.runtime.connect import (CONNECT_SESSION_CONF, client_url, plain_channel_builder, plain_with_token,
+                                     recorded_server)
 from traffic.storage.delta import choose_engine
 from traffic.storage.journal import state_folder
 from traffic.core.settings import Settings
@@ -101,7 +102,12 @@ def _connect(settings: Settings):
     """A client session of a running Spark Connect server (``sc://host:port``): starts in about a second."""
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.remote(settings.spark_master).getOrCreate()
+    if plain_with_token(settings.spark_master):
+        from pyspark.sql.connect.session import SparkSession as ConnectSession  # deferred: with the session
+
+        spark = ConnectSession.builder.channelBuilder(plain_channel_builder(settings.spark_master)).getOrCreate()
+    else:
+        spark = SparkSession.builder.remote(settings.spark_master).getOrCreate()
     for name, value in {**CONNECT_SESSION_CONF, "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
                         "spark.sql.files.maxPartitionBytes": str(settings.split_bytes)}.items():
         spark.conf.set(name, value)
