@@ -42,10 +42,7 @@ import psutil
 import pytest
 
 from tests.support.harness import Harness, feed_line, tick_line
-from traffic.core.settings import load_settings
-from traffic.storage.delta import Warehouse
-from traffic.storage.schemas import TABLES
-from traffic.storage.state import rows
+from tests.support.tables import differences, tables
 
 pytestmark = pytest.mark.slow
 
@@ -54,8 +51,6 @@ T0 = datetime(2026, 10, 31, 22, tzinfo=UTC)
 NOW = "2026-12-01T00:00:00+00:00"
 #: Every delivered file gets this modification time, so ``batches.files`` compares whole.
 DELIVERED_AT_NS = int(datetime(2026, 11, 1, 2, tzinfo=UTC).timestamp()) * 10**9
-#: Columns that hold the processing machine's clock, not anything computed from the input.
-WALL_CLOCK = {"batches": {"started_at", "committed_at"}}
 #: The worker's (and so its executors' and Python workers') zone: not UTC, not a whole hour.
 EXECUTOR_TZ = "Pacific/Chatham"
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
@@ -326,28 +321,6 @@ def traffic_run(root: Path, master: str, timeout: float = 300) -> subprocess.Com
         out, err = process.communicate()
         pytest.fail(f"traffic run did not finish within {timeout:.0f} s\n{out}\n{err}", pytrace=False)
     return subprocess.CompletedProcess(command, process.returncode, out, err)
-
-
-def tables(warehouse: Path) -> dict[str, list[str]]:
-    """Every table, each row (wall-clock columns left out) as a canonical string, sorted."""
-    store = Warehouse(load_settings(environ={}, overrides={"warehouse": warehouse}), engine="rs")
-    result = {}
-    for name in TABLES:
-        kept = [{k: v for k, v in row.items() if k not in WALL_CLOCK.get(name, ())}
-                for row in rows(store.table(name).read_arrow())]
-        result[name] = sorted(repr(sorted(row.items())) for row in kept)
-    return result
-
-
-def differences(got: dict[str, list[str]], expected: dict[str, list[str]]) -> str:
-    lines = []
-    for name in expected:
-        extra = sorted(set(got[name]) - set(expected[name]))
-        missing = sorted(set(expected[name]) - set(got[name]))
-        if got[name] != expected[name]:
-            lines.append(f"{name}: {len(got[name])} rows on the cluster, {len(expected[name])} on local[2]")
-            lines += [f"  cluster only: {r}" for r in extra[:3]] + [f"  local only:   {r}" for r in missing[:3]]
-    return "\n".join(lines)
 
 
 def test_the_pipeline_on_a_standalone_cluster_equals_a_local_run(cluster, spark, tmp_path):
