@@ -30,9 +30,11 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/traffic
-COPY requirements.lock pyproject.toml README.md ./
+# The lock alone first: its layer (the slow one) is rebuilt only when the lock changes.
+COPY requirements.lock ./
 # Airflow on Postgres: psycopg2 for its sync engine, asyncpg for its async one (the compose extra).
 RUN pip install -r requirements.lock "psycopg2-binary==2.9.13" "asyncpg==0.32.0"
+COPY pyproject.toml README.md ./
 COPY traffic ./traffic
 COPY schemas ./schemas
 COPY expectations ./expectations

@@ -73,7 +73,7 @@ build() {  # build <image> <Dockerfile under docker/>
   context=$(mktemp -d "${TMPDIR:-/tmp}/traffic-image.XXXXXX")
   cp "$root"/docker/* "$context"/
   cp "${HOST_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}" "$context/host-ca-certificates.crt"
-  if ! docker build --network host --build-arg "DEBIAN_IMAGE=$debian_image" -f "$context/$2" -t "$1" "$context" \
+  if ! docker build --force-rm --network host --build-arg "DEBIAN_IMAGE=$debian_image" -f "$context/$2" -t "$1" "$context" \
        > "$context.log" 2>&1; then
     tail -n 30 "$context.log" >&2; rm -rf "$context" "$context.log"; exit 1
   fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (slow tests included). Installs the system tools the tests use
 # (tshark; nfdump, nfdump-sflow, softflowd, pmacct for the flow-tool checks; chromium for the
-# Airflow UI test) with apt-get when missing and this user may;
+# Airflow UI test; a Docker engine, docker-compose and debootstrap for the compose stack's test)
+# with apt-get when missing and this user may;
 # pytest's own arguments pass through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,10 @@ command -v sfcapd >/dev/null 2>&1 || need+=(nfdump-sflow)
 command -v softflowd >/dev/null 2>&1 || [ -x /usr/sbin/softflowd ] || need+=(softflowd)
 command -v pmacctd >/dev/null 2>&1 || [ -x /usr/sbin/pmacctd ] || need+=(pmacct)
 [ -x /usr/bin/chromium ] || need+=(chromium chromium-driver)
+# tests/compose: an engine (dockerd) unless one already answers, compose v2 or Debian's v1, debootstrap
+{ command -v dockerd >/dev/null 2>&1 || docker info >/dev/null 2>&1; } || need+=(docker.io)
+{ docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; } || need+=(docker-compose)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing ${need[*]} (apt-get)"

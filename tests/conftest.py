@@ -28,6 +28,7 @@ def spark():
 #: are handed out in this order, so the long ones run side by side while the many short files
 #: fill the gaps, instead of one of them starting last and running alone.
 HEAVY_FIRST = (
+    "tests/compose/",
     "tests/e2e/",
     "tests/integration/test_crash_points.py",
     "tests/integration/test_standalone_cluster.py",

@@ -1,0 +1,217 @@
+"""A Docker engine and the project's compose stack, for ``tests/compose`` (slow, part of `make test`).
+
+* ``docker_env`` (session) — the environment in which ``docker`` reaches an engine: the machine's own
+  when one answers, else a ``dockerd`` started here (root only; `make test` installs Debian's
+  docker.io) with its data under ``TRAFFIC_TEST_DOCKER_ROOT`` (default /var/tmp/traffic-test-docker,
+  kept between runs so built images are reused), no iptables rules, its own socket; stopped at the
+  end. Skips, saying why, only where no engine can run.
+* ``Stack`` — one compose project of the repository's docker-compose.yml with a generated `.env`
+  (fresh secrets, the UI on a free 127.0.0.1 port, the base images scripts/local-images.sh builds from
+  Debian's packages): build, up, wait for every health check, run commands in services, deliver
+  files into the shared volume's inbox, and ``down -v``, after which nothing of it may be left.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.support.airflow_api import AirflowApi
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE_ROOT = Path(os.environ.get("TRAFFIC_TEST_DOCKER_ROOT", "/var/tmp/traffic-test-docker"))
+LOCAL_BASES = {"TRAFFIC_BASE_IMAGE": "traffic-python:3.11-bookworm", "POSTGRES_IMAGE": "traffic-postgres:15-bookworm"}
+#: What the stack's accounting is told: the demo's networks (the seed example) and the router feed's.
+LOCAL_NETWORKS = "192.0.2.0/24,2001:db8:100::/48"
+
+
+def _answers(env: dict) -> bool:
+    try:
+        return subprocess.run(["docker", "info"], env=env, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def docker_env():
+    env = dict(os.environ)
+    if shutil.which("docker") and _answers(env):
+        yield env
+        return
+    dockerd = shutil.which("dockerd")
+    if os.geteuid() != 0:
+        pytest.skip("no Docker engine answers, and starting one (dockerd) needs root")
+    if not dockerd or not shutil.which("docker"):
+        pytest.skip("no Docker engine answers and dockerd is not installed (make test installs Debian's docker.io)")
+    for folder in ("data", "exec"):
+        (ENGINE_ROOT / folder).mkdir(parents=True, exist_ok=True)
+    socket_path = ENGINE_ROOT / "docker.sock"
+    env["DOCKER_HOST"] = f"unix://{socket_path}"
+    log_path = ENGINE_ROOT / "dockerd.log"
+    with open(log_path, "w") as log:
+        engine = subprocess.Popen(
+            [dockerd, "--data-root", str(ENGINE_ROOT / "data"), "--exec-root", str(ENGINE_ROOT / "exec"),
+             "--pidfile", str(ENGINE_ROOT / "dockerd.pid"), "--host", env["DOCKER_HOST"], "--iptables=false",
+             "--storage-driver", "overlay2"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while not _answers(env):
+        if engine.poll() is not None or time.monotonic() > deadline:
+            engine.kill()
+            last = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+            pytest.skip("a Docker engine cannot run on this machine: dockerd said " + " | ".join(last))
+        time.sleep(1)
+    try:
+        yield env
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        try:
+            engine.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(engine.pid, signal.SIGKILL)
+            engine.wait(10)
+
+
+def compose_command(env: dict) -> list[str]:
+    """``docker compose`` (v2) where it is installed, else Debian's ``docker-compose`` (v1)."""
+    if subprocess.run(["docker", "compose", "version"], env=env, capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    pytest.skip("neither `docker compose` nor `docker-compose` is installed")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def write_dotenv(path: Path, ui_port: int) -> dict[str, str]:
+    values = {
+        "POSTGRES_USER": "airflow", "POSTGRES_PASSWORD": secrets.token_urlsafe(18), "POSTGRES_DB": "airflow",
+        "AIRFLOW_ADMIN_USER": "admin", "AIRFLOW_ADMIN_PASSWORD": secrets.token_urlsafe(18),
+        "AIRFLOW_FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+        "AIRFLOW_JWT_SECRET": secrets.token_urlsafe(32), "AIRFLOW_UI_PORT": str(ui_port),
+        "SPARK_CONNECT_TOKEN": secrets.token_hex(32),
+        "TRAFFIC_LOCAL_NETWORKS": LOCAL_NETWORKS, "TRAFFIC_KEEP_HOURS": "24", "TRAFFIC_EXPECTED_SOURCES": "",
+        "TRAFFIC_EXPORTERS": "", "COLLECTOR_BIND": "127.0.0.1",
+        "DELTA_SPARK_SHA256": "", "DELTA_STORAGE_SHA256": "", **LOCAL_BASES,
+    }
+    path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    path.chmod(0o600)
+    return values
+
+
+@dataclass
+class Stack:
+    env: dict
+    project: str
+    dotenv: Path
+    values: dict
+    seconds: dict = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def api(self) -> AirflowApi:
+        return AirflowApi(f"http://127.0.0.1:{self.values['AIRFLOW_UI_PORT']}", self.values["AIRFLOW_ADMIN_PASSWORD"])
+
+    def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+        command = [*compose_command(self.env), "--project-directory", str(ROOT), "-f", str(ROOT / "docker-compose.yml"),
+                   "--env-file", str(self.dotenv), "-p", self.project, *args]
+        done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        if check and done.returncode:
+            raise AssertionError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        return done
+
+    def docker(self, *args: str, input: bytes | None = None, timeout: float = 300, check: bool = True):
+        done = subprocess.run(["docker", *args], env=self.env, input=input, capture_output=True, timeout=timeout)
+        if check and done.returncode:
+            raise AssertionError(f"docker {' '.join(args[:4])} … failed: {done.stderr.decode(errors='replace')[-2000:]}")
+        return done
+
+    def containers(self, service: str | None = None, all_states: bool = False) -> list[str]:
+        label = f"label=com.docker.compose.project={self.project}"
+        filters = ["--filter", label] + (["--filter", f"label=com.docker.compose.service={service}"] if service else [])
+        out = self.docker("ps", "-q", *(["-a"] if all_states else []), *filters).stdout.decode()
+        return out.split()
+
+    def container(self, service: str) -> str:
+        found = self.containers(service)
+        assert found, f"no running container of {service}"
+        return found[0]
+
+    def exec(self, service: str, *command: str, input: bytes | None = None, timeout: float = 300) -> str:
+        return self.docker("exec", "-i", self.container(service), *command, input=input,
+                           timeout=timeout).stdout.decode(errors="replace")
+
+    def health(self) -> dict[str, str]:
+        """Each running container's service and health (``none`` where it has no check)."""
+        states = {}
+        for cid in self.containers():
+            info = json.loads(self.docker("inspect", cid).stdout)[0]
+            service = info["Config"]["Labels"]["com.docker.compose.service"]
+            number = info["Config"]["Labels"].get("com.docker.compose.container-number", "1")
+            states[f"{service}#{number}"] = (info["State"].get("Health") or {}).get("Status", "none")
+        return states
+
+    def wait_healthy(self, timeout: float = 600) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            states = self.health()
+            if states and all(s == "healthy" for s in states.values()):
+                return states
+            if time.monotonic() > deadline:
+                logs = self.compose("logs", "--tail", "15", check=False).stdout[-4000:]
+                raise AssertionError(f"not every service is healthy after {timeout:.0f} s: {states}\n{logs}")
+            time.sleep(3)
+
+    def deliver(self, files: dict[str, bytes]) -> None:
+        """Drop files into the volume's inbox as a sender does: written beside it, then renamed in."""
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = len(data), time.time()
+                tar.addfile(info, io.BytesIO(data))
+        script = ("set -e; staging=$(mktemp -d /data/.incoming.XXXXXX); tar -C \"$staging\" -x; cd \"$staging\"; "
+                  "find . -type f | while read -r f; do mkdir -p \"/data/inbox/$(dirname \"$f\")\"; "
+                  "mv \"$f\" \"/data/inbox/$f\"; done; rm -rf \"$staging\"")
+        self.exec("airflow-scheduler", "sh", "-c", script, input=archive.getvalue())
+
+    def copy_out(self, service: str, path: str, destination: Path) -> Path:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        self.docker("cp", f"{self.container(service)}:{path}", str(destination), timeout=600)
+        return destination
+
+    def down(self) -> list[str]:
+        """``down -v``; what is left of the project afterwards (containers, volumes, networks): nothing, we hope."""
+        self.compose("down", "-v", "--remove-orphans", "--timeout", "30", timeout=600)
+        label = f"label=com.docker.compose.project={self.project}"
+        left = self.containers(all_states=True)
+        left += self.docker("volume", "ls", "-q", "--filter", label).stdout.decode().split()
+        left += self.docker("network", "ls", "-q", "--filter", label).stdout.decode().split()
+        return left
+
+
+def build_images(env: dict, seconds: dict) -> None:
+    """The bases from Debian's packages (scripts/local-images.sh: kept when already built), then the stack's image."""
+    clock = time.monotonic()
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "local-images.sh")], env=env, capture_output=True,
+                          text=True, timeout=1800)
+    assert done.returncode == 0, f"local-images.sh failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    print(done.stdout.strip())
+    seconds["base images"] = time.monotonic() - clock

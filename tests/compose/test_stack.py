@@ -1,0 +1,342 @@
+"""The team stack for real: docker-compose.yml up on this machine, DAGs driving jobs on its Spark cluster.
+
+Images: the bases from Debian's packages (scripts/local-images.sh), then the stack's image (compose build).
+`up`, every health check waited for, the UI and the collector's ports on 127.0.0.1 only. Then, through
+Airflow's REST API and the shared volume's inbox:
+
+* **spark-submit** (the spark-connect service stopped): the seed example (the demo's deliveries, with
+  its late records, bad lines and a re-delivered file) and a router feed for six hours across a
+  midnight; `traffic_ingest` twice; a backfill of `traffic_hourly` over the closed hours;
+* **the warm Spark** (spark-connect started): three more hours; `traffic_ingest`; a backfill of those.
+
+The accounting tables read from the volume must equal, row for row, the embedded pipeline's (the
+in-process harness on ``local[2]``) fed the same deliveries in the same order. The Spark master's
+JSON API must list the spark-submit applications as finished with executors on the worker, and the
+warm server as running with its executors there; Airflow's runs must be rows in Postgres; each run's
+data-quality verdict must be readable through the API; the task logs must say which way Spark ran
+and which Delta engine. Per-hour close latency both ways is printed, then one 1 M-packet batch with
+one worker and with two. Last, ``down -v`` must leave nothing of the project.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from bench.run import generate as generate_feed
+from tests.compose.conftest import LOCAL_NETWORKS, Stack, build_images, free_port, write_dotenv
+from tests.support.airflow_api import create_backfill, write_router_feed
+from tests.support.harness import Harness
+from tests.support.tables import differences, tables
+from traffic.app import demo
+
+pytestmark = pytest.mark.slow
+
+UTC = timezone.utc
+#: Compared tables, with the columns that name where a file was read (host vs volume paths) left out.
+COMPARED = ("packets", "late_packets", "rejects", "hourly", "daily", "monthly", "periods", "source_panes", "panes",
+            "dq_results")
+LEAVE_OUT = {"packets": {"input_file", "batch_id"}, "late_packets": {"input_file", "batch_id"},
+             "rejects": {"input_file", "batch_id"}, "dq_results": {"run_id"}}
+MILLION = 1_000_000
+
+
+def midnight() -> datetime:
+    """Two days back: finished intervals (backfills take no others), well within max_history."""
+    return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=2)
+
+
+def files_under(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def seed_and_feed(folder: Path, start: datetime, end: datetime, seed: int) -> dict[str, bytes]:
+    """The demo's delivery of ``[start, end)`` (three sources) and a router feed of the same hours."""
+    demo.generate(folder, start, end, seed=seed)
+    write_router_feed(folder / "edge" / f"feed-{start:%Y%m%dT%H}.csv", start, end, seed=seed)
+    return files_under(folder)
+
+
+@pytest.fixture(scope="module")
+def stack(docker_env, tmp_path_factory):
+    seconds: dict[str, float] = {}
+    started = time.monotonic()
+    build_images(docker_env, seconds)
+    home = tmp_path_factory.mktemp("compose")
+    dotenv = home / ".env"
+    stack = Stack(env=docker_env, project=f"traffic-test-{os.getpid()}", dotenv=dotenv,
+                  values=write_dotenv(dotenv, free_port()), seconds=seconds, started=started)
+    try:
+        clock = time.monotonic()
+        stack.compose("build", "--force-rm", timeout=1800)
+        seconds["image build"] = time.monotonic() - clock
+        clock = time.monotonic()
+        stack.compose("up", "-d", "--scale", "spark-connect=0", timeout=900)
+        stack.wait_healthy()
+        seconds["up, healthy"] = time.monotonic() - clock
+        yield stack
+    finally:
+        stack.down()
+
+
+def backfill(stack: Stack, first: datetime, last: datetime, timeout: float = 1200) -> list[dict]:
+    api = stack.api
+    made = create_backfill(api, "traffic_hourly", first, last)
+    api.unpause("traffic_hourly")
+    deadline = time.monotonic() + timeout
+    while api.get(f"/api/v2/backfills/{made['id']}")["completed_at"] is None:
+        assert time.monotonic() < deadline, f"backfill {first}…{last} not complete after {timeout:.0f} s"
+        time.sleep(3)
+    runs = [r for r in api.runs("traffic_hourly", run_type="backfill")
+            if first.isoformat() <= _iso(r["logical_date"]) <= last.isoformat()]
+    for run in runs:
+        run["tasks"] = api.task_states("traffic_hourly", run["dag_run_id"])
+        assert run["state"] == "success", failed_logs(stack, "traffic_hourly", run["dag_run_id"])
+    return sorted(runs, key=lambda r: r["logical_date"])
+
+
+def _iso(text: str) -> str:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).isoformat()
+
+
+def _ingest_runs_finish(stack: Stack, timeout: float) -> None:
+    for run in stack.api.runs("traffic_ingest"):
+        if run["state"] not in ("success", "failed"):
+            stack.api.wait_run("traffic_ingest", run["dag_run_id"], timeout=timeout)
+
+
+def deliver_and_ingest(stack: Stack, files: dict[str, bytes], timeout: float = 900) -> dict:
+    """Deliver ``files`` while `traffic_ingest` is paused (so no scheduled batch takes half of them), then
+    trigger it and wait until no ingest run is left unfinished; the last ingest task that ran."""
+    api = stack.api
+    api.patch("/api/v2/dags/traffic_ingest", {"is_paused": True})
+    _ingest_runs_finish(stack, timeout)
+    stack.deliver(files)
+    api.unpause("traffic_ingest")
+    triggered = api.post("/api/v2/dags/traffic_ingest/dagRuns", {"logical_date": None})
+    api.wait_run("traffic_ingest", triggered["dag_run_id"], timeout=timeout)
+    _ingest_runs_finish(stack, timeout)
+    ran = []
+    for run in api.runs("traffic_ingest"):
+        assert run["state"] == "success", failed_logs(stack, "traffic_ingest", run["dag_run_id"])
+        task = api.get(f"/api/v2/dags/traffic_ingest/dagRuns/{run['dag_run_id']}/taskInstances/ingest")
+        if task["state"] == "success":
+            ran.append({**task, "dag_run_id": run["dag_run_id"]})
+    return max(ran, key=lambda t: t["end_date"])
+
+
+def task_log(stack: Stack, dag_id: str, run_id: str, task_id: str) -> str:
+    path = f"/opt/airflow/logs/dag_id={dag_id}/run_id={run_id}/task_id={task_id}/attempt=1.log"
+    events = []
+    for line in stack.exec("airflow-scheduler", "cat", path).splitlines():
+        try:
+            events.append(str(json.loads(line).get("event", "")))
+        except ValueError:
+            events.append(line)
+    return "\n".join(events)
+
+
+def failed_logs(stack: Stack, dag_id: str, run_id: str) -> str:
+    """The end of each failed task's log in a run: what a failing test should print."""
+    failed = [task for task, state in stack.api.task_states(dag_id, run_id).items() if state in ("failed", "up_for_retry")]
+    return f"{dag_id} {run_id}: failed {failed}\n" + "\n".join(
+        f"--- {task}\n{task_log(stack, dag_id, run_id, task)[-2500:]}" for task in failed)
+
+
+def run_seconds(run: dict) -> float:
+    start, end = (datetime.fromisoformat(run[k].replace("Z", "+00:00")) for k in ("start_date", "end_date"))
+    return (end - start).total_seconds()
+
+
+def spark_json(stack: Stack, service: str) -> dict:
+    return json.loads(stack.exec(service, "curl", "-fsS", "http://localhost:8081/json/"))
+
+
+@pytest.fixture(scope="module")
+def scenario(stack, spark, tmp_path_factory):
+    """Both phases in the stack and the same deliveries through the embedded pipeline; what each saw."""
+    base = tmp_path_factory.mktemp("deliveries")
+    m = midnight()
+    h0 = m - timedelta(hours=3)
+    facts: dict = {"midnight": m}
+
+    # Phase A, spark-submit: hours h0 … h0+6 (the last stays open: the demo's clocks stop 1 µs short of it).
+    first = seed_and_feed(base / "d1", h0, h0 + timedelta(hours=6), seed=7)
+    demo.add_trouble(base / "d1", h0 + timedelta(hours=1))
+    second = {k: v for k, v in files_under(base / "d1").items() if k not in first}
+    third = seed_and_feed(base / "d3", h0 + timedelta(hours=6), h0 + timedelta(hours=9), seed=8)
+    deliveries = [first, second, third]
+
+    clock = time.monotonic()
+    facts["ingest spark-submit"] = deliver_and_ingest(stack, first)
+    deliver_and_ingest(stack, second)
+    facts["backfill spark-submit"] = backfill(stack, h0, h0 + timedelta(hours=4))
+    stack.seconds["phase spark-submit"] = time.monotonic() - clock
+    facts["master after spark-submit"] = spark_json(stack, "spark-master")
+    facts["worker after spark-submit"] = spark_json(stack, "spark-worker")
+
+    # Phase B, the warm Spark: hours h0+5 … h0+7 close.
+    clock = time.monotonic()
+    stack.compose("up", "-d", "--scale", "spark-connect=1", "spark-connect")
+    stack.wait_healthy()
+    stack.seconds["spark-connect up"] = time.monotonic() - clock
+    clock = time.monotonic()
+    facts["ingest connect"] = deliver_and_ingest(stack, third)
+    facts["backfill connect"] = backfill(stack, h0 + timedelta(hours=5), h0 + timedelta(hours=7))
+    stack.seconds["phase connect"] = time.monotonic() - clock
+    facts["master with connect"] = spark_json(stack, "spark-master")
+    facts["worker with connect"] = spark_json(stack, "spark-worker")
+
+    facts["stack warehouse"] = stack.copy_out("airflow-scheduler", "/data/warehouse", base / "stack" / "warehouse")
+
+    # The embedded pipeline on the same deliveries, in the same order, closing where the backfills did.
+    clock = time.monotonic()
+    reference = Harness(base / "embedded", spark, local_networks=LOCAL_NETWORKS,
+                        now=datetime.now(UTC).isoformat(), keep_hours=24)
+    for number, delivery in enumerate(deliveries):
+        for name, data in delivery.items():
+            path = reference.root / "inbox" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        reference.ingest()
+        if number in (1, 2):
+            reference.close()
+    stack.seconds["embedded run"] = time.monotonic() - clock
+    facts["embedded warehouse"] = reference.root / "warehouse"
+    return facts
+
+
+def test_the_stack_comes_up_healthy_with_only_loopback_ports(stack):
+    states = stack.wait_healthy()
+    assert {name.split("#")[0] for name in states} == {
+        "postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
+        "spark-master", "spark-worker", "collector"}, states
+    published = {}
+    for cid in stack.containers():
+        info = json.loads(stack.docker("inspect", cid).stdout)[0]
+        for port, bindings in (info["NetworkSettings"]["Ports"] or {}).items():
+            for binding in bindings or []:
+                published[(info["Config"]["Labels"]["com.docker.compose.service"], port)] = binding["HostIp"]
+    assert published, "nothing is published: the UI should be"
+    assert set(published.values()) == {"127.0.0.1"}, published
+    assert {service for service, _ in published} == {"airflow-apiserver", "collector"}, published
+    print(f"\ncompose: {', '.join(f'{k} {v:.0f} s' for k, v in stack.seconds.items())}", flush=True)
+
+
+def test_the_cluster_run_equals_the_embedded_run(scenario):
+    got = tables(scenario["stack warehouse"], COMPARED, LEAVE_OUT)
+    expected = tables(scenario["embedded warehouse"], COMPARED, LEAVE_OUT)
+    # A backfill's later runs re-check final hours (DAG runs only): the same verdicts again, under other run ids.
+    reruns = len(got["dq_results"]) - len(set(got["dq_results"]))
+    for side in (got, expected):
+        side["dq_results"] = sorted(set(side["dq_results"]))
+    assert got == expected, differences(got, expected, sides=("stack", "embedded"))
+    sizes = {name: len(rows) for name, rows in expected.items()}
+    print(f"\ncompose vs embedded: equal tables (rows): {sizes}; {reruns} re-check verdicts of final hours", flush=True)
+    for name in ("packets", "late_packets", "rejects", "hourly", "daily", "periods"):
+        assert sizes[name], f"{name} is empty: the comparison proves nothing about it"
+
+
+def test_each_backfill_run_closed_its_hour_and_the_day_once(scenario):
+    submit, connect = scenario["backfill spark-submit"], scenario["backfill connect"]
+    assert [r["state"] for r in submit + connect] == ["success"] * 8, [(r["logical_date"], r["tasks"]) for r in submit + connect]
+    assert [r["tasks"]["roll_up_day"] for r in submit] == ["skipped", "skipped", "success", "skipped", "skipped"]
+    assert [r["tasks"]["freeze"] for r in submit] == ["success"] + ["skipped"] * 4  # one freeze for the backfill
+    assert [r["tasks"]["freeze"] for r in connect] == ["success", "skipped", "skipped"]
+    assert all(r["tasks"]["roll_up_day"] == "skipped" for r in connect)
+
+
+def test_the_spark_master_lists_the_applications_and_their_executors_on_the_worker(scenario):
+    master, worker = scenario["master after spark-submit"], scenario["worker after spark-submit"]
+    apps = {app["id"]: app["name"] for app in master["completedapps"]}
+    # two ingest batches, then the backfill's one freeze and its one day roll-up: each its own application
+    assert sorted(apps.values()) == ["traffic-close"] * 2 + ["traffic-ingest"] * 2, apps
+    assert all(app["state"] == "FINISHED" for app in master["completedapps"]), master["completedapps"]
+    on_worker = {executor["appid"] for executor in worker["finishedexecutors"]}
+    assert set(apps) <= on_worker, f"applications {apps}; executors on the worker for {sorted(on_worker)}"
+    assert master["aliveworkers"] == 1 and master["workers"][0]["id"] == worker["id"]
+    # the warm server: one running application, its executors on the worker
+    master, worker = scenario["master with connect"], scenario["worker with connect"]
+    active = {app["id"]: app["name"] for app in master["activeapps"]}
+    assert list(active.values()) == ["traffic-spark-connect"], master["activeapps"]
+    assert set(active) <= {executor["appid"] for executor in worker["executors"]}, worker["executors"]
+
+
+def test_the_task_logs_say_how_spark_ran_and_which_delta_engine(stack, scenario):
+    submit = scenario["backfill spark-submit"][0]
+    freeze = task_log(stack, "traffic_hourly", submit["dag_run_id"], "freeze")
+    assert "does not answer: spark-submit instead" in freeze and "Spark-Submit cmd: spark-submit --master spark://spark-master:7077" in freeze
+    warm = scenario["backfill connect"][0]
+    freeze = task_log(stack, "traffic_hourly", warm["dag_run_id"], "freeze")
+    assert "Spark: a client of the warm Spark Connect server sc://spark-connect:15002" in freeze, freeze[-3000:]
+    assert "Spark-Submit cmd" not in freeze
+    ingest = task_log(stack, "traffic_ingest", scenario["ingest connect"]["dag_run_id"], "ingest")
+    assert "client of the warm Spark Connect server" in ingest, ingest[-3000:]
+    for log in (freeze, ingest):
+        assert "Delta layer: the rs engine (delta-rs: no Delta Lake jars in /opt/delta-jars)" in log, log[-2000:]
+        assert stack.values["SPARK_CONNECT_TOKEN"] not in log
+
+
+def test_airflows_runs_are_rows_in_postgres_and_the_verdicts_are_in_the_api(stack, scenario):
+    counts = stack.exec("postgres", "psql", "-U", "airflow", "-d", "airflow", "-tA", "-c",
+                        "select run_type, state, count(*) from dag_run where dag_id = 'traffic_hourly' "
+                        "and run_type = 'backfill' group by run_type, state")
+    assert counts.strip() == "backfill|success|8", counts
+    for run in scenario["backfill spark-submit"] + scenario["backfill connect"]:
+        verdict = stack.api.get(f"/api/v2/dags/traffic_hourly/dagRuns/{run['dag_run_id']}/taskInstances/"
+                                "publish_data_quality/xcomEntries/return_value")["value"]
+        if isinstance(verdict, str):
+            verdict = json.loads(verdict)
+        assert verdict["failed"] == [] and verdict["periods"] >= 1, verdict
+        assert set(verdict["by_status"]) <= {"passed", "warned"}, verdict
+
+
+def test_per_hour_close_latency_both_ways(stack, scenario):
+    """Printed for docs/benchmarks.md: an hourly run's wall time, the freezing run and the re-checks."""
+    report = []
+    for way in ("spark-submit", "connect"):
+        runs = scenario[f"backfill {way}"]
+        rest = [run_seconds(r) for r in runs[1:] if r["tasks"]["roll_up_day"] != "success"]
+        ingest_task = scenario[f"ingest {way}"]
+        report.append(f"{way}: ingest task {ingest_task['duration']:.1f} s; freezing run {run_seconds(runs[0]):.1f} s; "
+                      f"re-checking runs median {statistics.median(rest):.1f} s (n={len(rest)})")
+        roll_up = [run_seconds(r) for r in runs if r["tasks"]["roll_up_day"] == "success"]
+        if roll_up:
+            report[-1] += f"; the midnight run with the day roll-up {roll_up[0]:.1f} s"
+    print("\ncompose close latency — " + " | ".join(report), flush=True)
+
+
+def test_a_million_packet_batch_on_one_worker_and_on_two(stack, scenario, tmp_path):
+    """1 M packets in one file, one micro-batch each (spark-submit, so every worker's cores are the job's)."""
+    stack.compose("up", "-d", "--scale", "spark-connect=0", "spark-connect")
+    m = scenario["midnight"]
+    seconds = {}
+    for workers, hour in ((1, m + timedelta(hours=7)), (2, m + timedelta(hours=8))):
+        if workers == 2:
+            stack.compose("up", "-d", "--scale", "spark-worker=2", "spark-worker")
+            stack.wait_healthy()
+            deadline = time.monotonic() + 120
+            while spark_json(stack, "spark-master")["aliveworkers"] != 2:
+                assert time.monotonic() < deadline, "the second worker never registered"
+                time.sleep(2)
+        path = tmp_path / f"million-{workers}.csv"
+        generate_feed(path, MILLION, 1, 20_000, seed=workers, start=hour)
+        task = deliver_and_ingest(stack, {f"bulk/{path.name}": path.read_bytes()})
+        log = task_log(stack, "traffic_ingest", task["dag_run_id"], "ingest")
+        assert f"{MILLION:,} records" in log or f"{MILLION + 1:,} records" in log, log[-2000:]
+        seconds[workers] = task["duration"]
+    print(f"\ncompose 1 M-packet batch: one worker {seconds[1]:.1f} s, two workers {seconds[2]:.1f} s "
+          f"(ingest task, spark-submit; 2 cores on this machine)", flush=True)
+
+
+def test_down_leaves_nothing(stack):
+    left = stack.down()
+    assert left == [], f"left after down -v: {left}"
+    print(f"\ncompose stack test: {time.monotonic() - stack.started:.0f} s in all, images and teardown included",
+          flush=True)
