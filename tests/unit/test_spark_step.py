@@ -89,6 +89,7 @@ def test_the_setting_takes_a_connect_url_and_never_a_token():
     assert load_settings(environ={}).spark_connect == ""
     with pytest.raises(SettingsError, match="is not a Spark Connect URL"):
         load_settings(environ={"TRAFFIC_SPARK_CONNECT": "spark://spark-master:7077"})
+    assert load_settings(environ={"TRAFFIC_SPARK_CONNECT": "auto"}).spark_connect == "auto"
     with pytest.raises(SettingsError, match="SPARK_CONNECT_AUTHENTICATE_TOKEN, not in the URL"):
         load_settings(environ={"TRAFFIC_SPARK_CONNECT": "sc://spark-connect:15002/;token=abc"})
 
@@ -100,3 +101,12 @@ def test_a_plain_channel_carries_the_token_only_when_the_url_asks_for_it():
     assert not plain_with_token("sc://spark-connect:15002/;use_ssl=false", {})  # no token at all
     assert not plain_with_token("sc://localhost:15002/;use_ssl=false", env)  # pyspark's own local channel
     assert plain_with_token("sc://10.1.2.3:15002/;use_ssl=false;token=" + "u" * 64, {})
+
+
+def test_auto_without_the_warehouses_warm_server_is_a_spark_submit(job, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TRAFFIC_SPARK_CONNECT", "auto")
+    monkeypatch.setenv("TRAFFIC_WAREHOUSE", str(tmp_path / "warehouse"))
+    calls = []
+    with caplog.at_level(logging.INFO):
+        assert run_spark_step(job, _submitted(calls)) == "submitted"
+    assert calls == ["spark-submit"] and "no warm Spark Connect server runs for" in caplog.text

@@ -104,8 +104,8 @@ def parse_time(name: str, value: Any) -> datetime | None:
 
 
 def _connect_url(name: str, value: str) -> str:
-    if value and not value.startswith("sc://"):
-        raise SettingsError(f"{name}: {value!r} is not a Spark Connect URL (sc://host:port)")
+    if value and value != "auto" and not value.startswith("sc://"):
+        raise SettingsError(f"{name}: {value!r} is not a Spark Connect URL (sc://host:port) or auto")
     if "token=" in value.lower():
         raise SettingsError(f"{name}: put the token in SPARK_CONNECT_AUTHENTICATE_TOKEN, not in the URL "
                             "(settings are logged)")
@@ -138,8 +138,9 @@ class Settings:
     engine: str = "auto"
     spark_master: str = "auto"
     spark_jit: str = "auto"
-    # A warm Spark Connect server the Airflow tasks use while it answers (``sc://host:port``; empty: none,
-    # every Spark task is a spark-submit). Its token comes from SPARK_CONNECT_AUTHENTICATE_TOKEN.
+    # A warm Spark Connect server the Airflow tasks use while it answers (``sc://host:port``, its token from
+    # SPARK_CONNECT_AUTHENTICATE_TOKEN; ``auto``: the warehouse's own, ``traffic spark start``; empty: none,
+    # every Spark task is a spark-submit).
     spark_connect: str = ""
     spark_jars_dir: Path | None = None
     shuffle_partitions: int = 4

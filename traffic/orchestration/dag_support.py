@@ -85,7 +85,8 @@ def run_spark_step(task, submit: Callable[[], Any]) -> Any:
     """``execute`` of a DAG's Spark step: its job as a client of the warm Spark Connect server (setting
     ``spark_connect``) while that server answers, so the task starts no JVM; else ``submit()``, the
     operator's own spark-submit. The task log says which, and why."""
-    from traffic.runtime.connect import answers  # deferred: DAG parsing stays light
+    from traffic.runtime.connect import answers, client_url, recorded_server  # deferred: DAG parsing stays light
+    from traffic.storage.journal import state_folder  # deferred: DAG parsing stays light
     from traffic.storage.delta import choose_engine  # deferred: DAG parsing stays light
 
     settings = settings_from_env()
@@ -93,14 +94,21 @@ def run_spark_step(task, submit: Callable[[], Any]) -> Any:
     log.info("Delta layer: the %s engine (%s)", engine, f"Delta Lake's jars in {settings.spark_jars_dir}"
              if engine == "spark" else "delta-rs, which needs no jars" if settings.engine == "rs"
              else f"delta-rs: no Delta Lake jars in {settings.spark_jars_dir or 'spark_jars_dir (not set)'}")
-    url = settings.spark_connect
+    url = shown = settings.spark_connect
     if not url:
         log.info("Spark: spark-submit (no warm Spark Connect server is configured: spark_connect is empty)")
         return submit()
+    if url == "auto":
+        record = recorded_server(state_folder(settings.warehouse))
+        if record is None:
+            log.info("Spark: spark-submit (no warm Spark Connect server runs for %s: `traffic spark start` keeps one)",
+                     settings.warehouse)
+            return submit()
+        url, shown = client_url(record), f"{record['url']} (the warehouse's own)"
     if not answers(url):
-        log.warning("Spark: the warm Spark Connect server %s does not answer: spark-submit instead", url)
+        log.warning("Spark: the warm Spark Connect server %s does not answer: spark-submit instead", shown)
         return submit()
-    log.info("Spark: a client of the warm Spark Connect server %s (no JVM start in this task)", url)
+    log.info("Spark: a client of the warm Spark Connect server %s (no JVM start in this task)", shown)
     command = [sys.executable, task.application, *(task.application_args or [])]
     env = {**os.environ, **(task.env_vars or {}), "TRAFFIC_SPARK_MASTER": url}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -109,7 +117,7 @@ def run_spark_step(task, submit: Callable[[], Any]) -> Any:
         log.info("%s", line.rstrip())
         last.append(line.rstrip())
     if process.wait():
-        raise RuntimeError(f"{Path(task.application).name} exited with {process.returncode} (as a client of {url}): "
+        raise RuntimeError(f"{Path(task.application).name} exited with {process.returncode} (as a client of {shown}): "
                            + " | ".join(last))
     return None
 
