@@ -5,7 +5,8 @@
 #
 # Everything can be overridden from the environment: AIRFLOW_HOME, AIRFLOW__API__PORT (8080),
 # AIRFLOW__CORE__PARALLELISM (4), TRAFFIC_WAREHOUSE (./warehouse), TRAFFIC_INBOX (./inbox),
-# any other TRAFFIC_* setting (passed through to every Spark job), and
+# any other TRAFFIC_* setting (passed through to every Spark job), TRAFFIC_SPARK_CONNECT (auto: a warm
+# Spark Connect server for the warehouse, started here and stopped with Airflow; "": none), and
 # TRAFFIC_AIRFLOW_UNPAUSE (DAGs to unpause once they are parsed; default: all three).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,11 +59,25 @@ chmod 600 "$passwords" "$AIRFLOW_HOME/jwt_secret"
 AIRFLOW__API_AUTH__JWT_SECRET=$(cat "$AIRFLOW_HOME/jwt_secret")
 export AIRFLOW__API_AUTH__JWT_SECRET
 
+# The warm Spark: the DAGs' Spark steps run as clients of the warehouse's Spark Connect server
+# (`traffic spark start`, 127.0.0.1, its own token), so an hourly close starts no JVM; a watcher in
+# the background stops it once Airflow has stopped (exec below keeps this shell's pid).
+# TRAFFIC_SPARK_CONNECT="" keeps every Spark step a spark-submit.
+export TRAFFIC_SPARK_CONNECT=${TRAFFIC_SPARK_CONNECT-auto}
+warm="off (every Spark step a spark-submit)"
+if [ "$TRAFFIC_SPARK_CONNECT" = auto ]; then
+  where=(--warehouse "$TRAFFIC_WAREHOUSE" --inbox "$TRAFFIC_INBOX")
+  .venv/bin/traffic spark start "${where[@]}" >/dev/null
+  warm=$(.venv/bin/traffic spark status "${where[@]}" | head -n 1)
+  (while kill -0 $$ 2>/dev/null; do sleep 2; done; .venv/bin/traffic spark stop "${where[@]}" >/dev/null 2>&1) &
+fi
+
 echo "------------------------------------------------------------------------------"
 echo " Airflow UI   $url   (ready in about a minute)"
 echo " log in as    admin / $password   (password file: $passwords)"
 echo " warehouse    $TRAFFIC_WAREHOUSE"
 echo " inbox        $TRAFFIC_INBOX   (drop files in inbox/<source>/)"
+echo " warm Spark   $warm"
 echo " stop         Ctrl-C"
 echo "------------------------------------------------------------------------------"
 

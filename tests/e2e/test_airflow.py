@@ -123,6 +123,26 @@ def test_the_live_run_waiting_for_the_watermark_does_not_hold_the_backfill_back(
     assert run["start_date"] < max(r["end_date"] for r in hourly_backfill.runs), run
 
 
+def test_spark_steps_ran_as_clients_of_the_warm_server_make_airflow_started(airflow, hourly_backfill):
+    """Issue 26: `make airflow` starts the warehouse's own Spark Connect server; the freeze, the day roll-up
+    and the micro-batch ran as its clients (no spark-submit, no JVM of their own) and their logs say so."""
+    ran = {"freeze": None, "roll_up_day": None}
+    for run in hourly_backfill.runs:
+        for task, state in run["tasks"].items():
+            if task in ran and state == "success":
+                ran[task] = run["dag_run_id"]
+    logs = [airflow.home / "logs" / "dag_id=traffic_hourly" / f"run_id={run_id}" / f"task_id={task}" / "attempt=1.log"
+            for task, run_id in ran.items()]
+    ingest = hourly_backfill.ingest_runs[-1]
+    logs += sorted((airflow.home / "logs" / "dag_id=traffic_ingest").glob("run_id=*/task_id=ingest/attempt=1.log"))
+    assert None not in ran.values() and len(logs) >= 3, (ran, ingest)
+    for log in logs:
+        text = log.read_text(errors="replace")
+        assert "Spark: a client of the warm Spark Connect server sc://localhost:" in text, (log, text[-2000:])
+        assert "(the warehouse's own)" in text and "Spark-Submit cmd" not in text, log
+        assert "token=" not in text, f"{log} shows the server's token"
+
+
 def test_rerunning_a_final_hour_rechecks_without_spark(airflow, hourly_backfill):
     """Clearing a finished run re-runs it: the freeze is skipped (already final) and no table changes."""
     api, warehouse = airflow.api, _warehouse(airflow)
