@@ -47,3 +47,14 @@ def _rank(nodeid: str) -> int:
 def pytest_collection_modifyitems(config, items):
     """Heaviest files first (a stable sort: each file's tests stay together and in order)."""
     items.sort(key=lambda item: _rank(item.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures tests record (``record_property("figure", …)``: the compose stack's times) at the end of
+    the run, where `make test` shows them even when each test's own output is captured (and on xdist)."""
+    lines = [value for reports in terminalreporter.stats.values() for report in reports
+             for key, value in getattr(report, "user_properties", ()) if key == "figure"]
+    if lines:
+        terminalreporter.section("figures")
+        for line in dict.fromkeys(lines):
+            terminalreporter.write_line(line)

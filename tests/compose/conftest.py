@@ -127,7 +127,8 @@ class Stack:
 
     @property
     def api(self) -> AirflowApi:
-        return AirflowApi(f"http://127.0.0.1:{self.values['AIRFLOW_UI_PORT']}", self.values["AIRFLOW_ADMIN_PASSWORD"])
+        return AirflowApi(f"http://127.0.0.1:{self.values['AIRFLOW_UI_PORT']}", self.values["AIRFLOW_ADMIN_PASSWORD"],
+                          patience=120)  # a GET waits out a restarting Postgres (5xx) instead of failing the test
 
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
         command = [*compose_command(self.env), "--project-directory", str(ROOT), "-f", str(ROOT / "docker-compose.yml"),

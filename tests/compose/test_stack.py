@@ -47,6 +47,12 @@ LEAVE_OUT = {"packets": {"input_file", "batch_id"}, "late_packets": {"input_file
 MILLION = 1_000_000
 
 
+def say(record_property, line: str) -> None:
+    """A figure of this test: printed, and kept for the run's closing summary (tests/conftest.py)."""
+    print("\n" + line, flush=True)
+    record_property("figure", line)
+
+
 def midnight() -> datetime:
     """Two days back: finished intervals (backfills take no others), well within max_history."""
     return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=2)
@@ -212,7 +218,7 @@ def scenario(stack, spark, tmp_path_factory):
     return facts
 
 
-def test_the_stack_comes_up_healthy_with_only_loopback_ports(stack):
+def test_the_stack_comes_up_healthy_with_only_loopback_ports(stack, record_property):
     states = stack.wait_healthy()
     assert {name.split("#")[0] for name in states} == {
         "postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
@@ -226,10 +232,10 @@ def test_the_stack_comes_up_healthy_with_only_loopback_ports(stack):
     assert published, "nothing is published: the UI should be"
     assert set(published.values()) == {"127.0.0.1"}, published
     assert {service for service, _ in published} == {"airflow-apiserver", "collector"}, published
-    print(f"\ncompose: {', '.join(f'{k} {v:.0f} s' for k, v in stack.seconds.items())}", flush=True)
+    say(record_property, f"compose: {', '.join(f'{k} {v:.0f} s' for k, v in stack.seconds.items())}")
 
 
-def test_the_cluster_run_equals_the_embedded_run(scenario):
+def test_the_cluster_run_equals_the_embedded_run(scenario, record_property):
     got = tables(scenario["stack warehouse"], COMPARED, LEAVE_OUT)
     expected = tables(scenario["embedded warehouse"], COMPARED, LEAVE_OUT)
     # A backfill's later runs re-check final hours (DAG runs only): the same verdicts again, under other run ids.
@@ -238,7 +244,7 @@ def test_the_cluster_run_equals_the_embedded_run(scenario):
         side["dq_results"] = sorted(set(side["dq_results"]))
     assert got == expected, differences(got, expected, sides=("stack", "embedded"))
     sizes = {name: len(rows) for name, rows in expected.items()}
-    print(f"\ncompose vs embedded: equal tables (rows): {sizes}; {reruns} re-check verdicts of final hours", flush=True)
+    say(record_property, f"compose vs embedded: equal tables (rows): {sizes}; {reruns} re-check verdicts of final hours")
     for name in ("packets", "late_packets", "rejects", "hourly", "daily", "periods"):
         assert sizes[name], f"{name} is empty: the comparison proves nothing about it"
 
@@ -297,7 +303,7 @@ def test_airflows_runs_are_rows_in_postgres_and_the_verdicts_are_in_the_api(stac
         assert set(verdict["by_status"]) <= {"passed", "warned"}, verdict
 
 
-def test_per_hour_close_latency_both_ways(stack, scenario):
+def test_per_hour_close_latency_both_ways(stack, scenario, record_property):
     """Printed for docs/benchmarks.md: an hourly run's wall time, the freezing run and the re-checks."""
     report = []
     for way in ("spark-submit", "connect"):
@@ -309,10 +315,10 @@ def test_per_hour_close_latency_both_ways(stack, scenario):
         roll_up = [run_seconds(r) for r in runs if r["tasks"]["roll_up_day"] == "success"]
         if roll_up:
             report[-1] += f"; the midnight run with the day roll-up {roll_up[0]:.1f} s"
-    print("\ncompose close latency — " + " | ".join(report), flush=True)
+    say(record_property, "compose close latency — " + " | ".join(report))
 
 
-def test_a_million_packet_batch_on_one_worker_and_on_two(stack, scenario, tmp_path):
+def test_a_million_packet_batch_on_one_worker_and_on_two(stack, scenario, tmp_path, record_property):
     """1 M packets in one file, one micro-batch each (spark-submit, so every worker's cores are the job's)."""
     stack.compose("up", "-d", "--scale", "spark-connect=0", "spark-connect")
     m = scenario["midnight"]
@@ -331,12 +337,71 @@ def test_a_million_packet_batch_on_one_worker_and_on_two(stack, scenario, tmp_pa
         log = task_log(stack, "traffic_ingest", task["dag_run_id"], "ingest")
         assert f"{MILLION:,} records" in log or f"{MILLION + 1:,} records" in log, log[-2000:]
         seconds[workers] = task["duration"]
-    print(f"\ncompose 1 M-packet batch: one worker {seconds[1]:.1f} s, two workers {seconds[2]:.1f} s "
-          f"(ingest task, spark-submit; 2 cores on this machine)", flush=True)
+    # the last batch's application ran executors on both workers
+    last = max(spark_json(stack, "spark-master")["completedapps"], key=lambda app: app["starttime"])
+    per_worker = [{e["appid"] for e in json.loads(stack.docker("exec", cid, "curl", "-fsS", "http://localhost:8081/json/")
+                                                   .stdout)["finishedexecutors"]} for cid in stack.containers("spark-worker")]
+    assert len(per_worker) == 2 and all(last["id"] in apps for apps in per_worker), (last["id"], per_worker)
+    say(record_property, f"compose 1 M-packet batch: one worker {seconds[1]:.1f} s, two workers {seconds[2]:.1f} s "
+          f"(ingest task, spark-submit; 2 cores on this machine)")
 
 
-def test_down_leaves_nothing(stack):
+RESTARTED = ("postgres", "spark-worker", "spark-master", "airflow-scheduler")
+
+
+def running_ingest(stack: Stack, timeout: float = 300) -> str:
+    """The run whose `ingest` task is running (waited for)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run in stack.api.runs("traffic_ingest", state="running"):
+            if stack.api.task_states("traffic_ingest", run["dag_run_id"]).get("ingest") == "running":
+                return run["dag_run_id"]
+        time.sleep(0.5)
+    raise AssertionError(f"no ingest task ran within {timeout:.0f} s")
+
+
+def test_a_service_restarted_mid_batch_loses_nothing_and_counts_nothing_twice(stack, spark, tmp_path, record_property):
+    """One hour of the router feed per service; while its micro-batch runs (spark-submit, one worker) the
+    service is restarted, and the run must still succeed (Airflow retries a task that died with it). The
+    hours' rows must equal an undisturbed embedded run of the same files."""
+    stack.compose("up", "-d", "--scale", "spark-connect=0", "--scale", "spark-worker=1", "spark-worker", "spark-connect")
+    stack.wait_healthy()
+    api, first = stack.api, midnight() + timedelta(hours=9)  # after every hour the tests above deliver
+    reference = Harness(tmp_path / "undisturbed", spark, local_networks=LOCAL_NETWORKS,
+                        now=datetime.now(UTC).isoformat(), keep_hours=24)
+    report = []
+    for number, service in enumerate(RESTARTED):
+        hour = first + timedelta(hours=number)
+        name = f"edge/restart-{hour:%Y%m%dT%H}.csv"
+        write_router_feed(tmp_path / name, hour, hour + timedelta(hours=1), seed=100 + number)
+        data = (tmp_path / name).read_bytes()
+        (reference.root / "inbox" / name).parent.mkdir(parents=True, exist_ok=True)
+        (reference.root / "inbox" / name).write_bytes(data)
+        api.patch("/api/v2/dags/traffic_ingest", {"is_paused": True})
+        _ingest_runs_finish(stack, 900)
+        stack.deliver({name: data})
+        api.unpause("traffic_ingest")
+        api.post("/api/v2/dags/traffic_ingest/dagRuns", {"logical_date": None})
+        run_id = running_ingest(stack)  # the triggered run's, or a scheduled one's that took the file first
+        clock = time.monotonic()
+        stack.compose("restart", "-t", "10", service)
+        finished = api.wait_run("traffic_ingest", run_id, timeout=900)
+        _ingest_runs_finish(stack, 900)
+        tries = api.get(f"/api/v2/dags/traffic_ingest/dagRuns/{run_id}/taskInstances/ingest")["try_number"]
+        report.append(f"{service}: run {finished['state']} {time.monotonic() - clock:.0f} s after the restart "
+                      f"(ingest try {tries})")
+        assert finished["state"] == "success", (service, failed_logs(stack, "traffic_ingest", run_id))
+        stack.wait_healthy()
+    say(record_property, "compose restarts mid-batch — " + "; ".join(report))
+    reference.ingest()
+    hours = {first + timedelta(hours=n) for n in range(len(RESTARTED))}
+    copied = stack.copy_out("airflow-scheduler", "/data/warehouse", tmp_path / "after-restarts" / "warehouse")
+    got = tables(copied, ("hourly",), where={"hourly": lambda row: row["hour"] in hours})["hourly"]
+    expected = tables(reference.root / "warehouse", ("hourly",))["hourly"]
+    assert expected and got == expected, differences({"hourly": got}, {"hourly": expected}, sides=("stack", "undisturbed"))
+
+
+def test_down_leaves_nothing(stack, record_property):
     left = stack.down()
     assert left == [], f"left after down -v: {left}"
-    print(f"\ncompose stack test: {time.monotonic() - stack.started:.0f} s in all, images and teardown included",
-          flush=True)
+    say(record_property, f"compose stack test: {time.monotonic() - stack.started:.0f} s in all, images and teardown included")

@@ -23,10 +23,14 @@ class ApiError(AssertionError):
 
 
 class AirflowApi:
-    """A tiny REST API v2 client (urllib) with a simple-auth-manager JWT."""
+    """A tiny REST API v2 client (urllib) with a simple-auth-manager JWT.
 
-    def __init__(self, url: str, password: str):
-        self.url, self.password, self._token = url, password, None
+    ``patience`` (seconds): how long a GET is retried while the server answers 5xx or not at all — what
+    its database or itself restarting looks like from outside (the compose stack's restart test).
+    """
+
+    def __init__(self, url: str, password: str, patience: float = 0):
+        self.url, self.password, self._token, self.patience = url, password, None, patience
 
     def token(self) -> str:
         if self._token is None:
@@ -48,7 +52,14 @@ class AirflowApi:
         return json.loads(text) if text else None
 
     def get(self, path: str):
-        return self._send("GET", path)
+        deadline = time.monotonic() + self.patience
+        while True:
+            try:
+                return self._send("GET", path)
+            except (ApiError, OSError) as error:
+                if (isinstance(error, ApiError) and error.status < 500) or time.monotonic() > deadline:
+                    raise
+            time.sleep(2)
 
     def post(self, path: str, body):
         return self._send("POST", path, body)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from traffic.core.settings import load_settings
 from traffic.storage.delta import Warehouse
@@ -13,13 +14,17 @@ from traffic.storage.state import rows
 WALL_CLOCK = {"batches": {"started_at", "committed_at"}}
 
 
-def tables(warehouse: Path, names=TABLES, leave_out: dict[str, set[str]] | None = None) -> dict[str, list[str]]:
-    """Each of ``names``, each row (wall-clock columns and ``leave_out``'s left out) as a canonical string, sorted."""
+def tables(warehouse: Path, names=TABLES, leave_out: dict[str, set[str]] | None = None,
+           where: dict[str, Callable[[dict], bool]] | None = None) -> dict[str, list[str]]:
+    """Each of ``names``, each row (wall-clock columns and ``leave_out``'s left out; only those ``where``
+    keeps, if it names the table) as a canonical string, sorted."""
     store = Warehouse(load_settings(environ={}, overrides={"warehouse": warehouse}), engine="rs")
     left_out = {name: WALL_CLOCK.get(name, set()) | (leave_out or {}).get(name, set()) for name in names}
     result = {}
     for name in names:
-        kept = [{k: v for k, v in row.items() if k not in left_out[name]} for row in rows(store.table(name).read_arrow())]
+        keep = (where or {}).get(name, lambda row: True)
+        kept = [{k: v for k, v in row.items() if k not in left_out[name]}
+                for row in rows(store.table(name).read_arrow()) if keep(row)]
         result[name] = sorted(repr(sorted(row.items())) for row in kept)
     return result
 
