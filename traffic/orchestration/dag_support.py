@@ -81,33 +81,47 @@ def prepare_spark_submit(task, quick_by_default: bool) -> None:
     task.conf = {**(task.conf or {}), **spark_submit_conf(quick_by_default)}
 
 
-def run_spark_step(task, submit: Callable[[], Any]) -> Any:
-    """``execute`` of a DAG's Spark step: its job as a client of the warm Spark Connect server (setting
-    ``spark_connect``) while that server answers, so the task starts no JVM; else ``submit()``, the
-    operator's own spark-submit. The task log says which, and why."""
-    from traffic.runtime.connect import answers, client_url, recorded_server  # deferred: DAG parsing stays light
-    from traffic.storage.journal import state_folder  # deferred: DAG parsing stays light
+def _say_delta_engine(settings) -> None:
     from traffic.storage.delta import choose_engine  # deferred: DAG parsing stays light
 
-    settings = settings_from_env()
     engine = choose_engine(settings)
     log.info("Delta layer: the %s engine (%s)", engine, f"Delta Lake's jars in {settings.spark_jars_dir}"
              if engine == "spark" else "delta-rs, which needs no jars" if settings.engine == "rs"
              else f"delta-rs: no Delta Lake jars in {settings.spark_jars_dir or 'spark_jars_dir (not set)'}")
+
+
+def _warm_server(settings) -> tuple[str, str] | None:
+    """The answering warm server's URL (with its token) and how to name it in a log; None, said why, if none."""
+    from traffic.runtime.connect import answers, client_url, recorded_server  # deferred: DAG parsing stays light
+    from traffic.storage.journal import state_folder  # deferred: DAG parsing stays light
+
     url = shown = settings.spark_connect
     if not url:
         log.info("Spark: spark-submit (no warm Spark Connect server is configured: spark_connect is empty)")
-        return submit()
+        return None
     if url == "auto":
         record = recorded_server(state_folder(settings.warehouse))
         if record is None:
             log.info("Spark: spark-submit (no warm Spark Connect server runs for %s: `traffic spark start` keeps one)",
                      settings.warehouse)
-            return submit()
+            return None
         url, shown = client_url(record), f"{record['url']} (the warehouse's own)"
     if not answers(url):
         log.warning("Spark: the warm Spark Connect server %s does not answer: spark-submit instead", shown)
+        return None
+    return url, shown
+
+
+def run_spark_step(task, submit: Callable[[], Any]) -> Any:
+    """``execute`` of a DAG's Spark step: its job as a client of the warm Spark Connect server (setting
+    ``spark_connect``) while that server answers, so the task starts no JVM; else ``submit()``, the
+    operator's own spark-submit. The task log says which, and why."""
+    settings = settings_from_env()
+    _say_delta_engine(settings)
+    warm = _warm_server(settings)
+    if warm is None:
         return submit()
+    url, shown = warm
     log.info("Spark: a client of the warm Spark Connect server %s (no JVM start in this task)", shown)
     command = [sys.executable, task.application, *(task.application_args or [])]
     env = {**os.environ, **(task.env_vars or {}), "TRAFFIC_SPARK_MASTER": url}
