@@ -347,6 +347,10 @@ def test_a_million_packet_batch_on_one_worker_and_on_two(stack, scenario, tmp_pa
 
 
 RESTARTED = ("postgres", "spark-worker", "spark-master", "airflow-scheduler")
+#: What each restarted service says in `docker compose logs` every time it (re)starts.
+STARTED_SAYS = {"postgres": "database system is ready to accept connections",
+                "spark-worker": "Successfully registered with master", "spark-master": "Starting Spark master at",
+                "airflow-scheduler": "Starting the scheduler"}
 
 
 def running_ingest(stack: Stack, timeout: float = 300) -> str:
@@ -393,6 +397,9 @@ def test_a_service_restarted_mid_batch_loses_nothing_and_counts_nothing_twice(st
         assert finished["state"] == "success", (service, failed_logs(stack, "traffic_ingest", run_id))
         stack.wait_healthy()
     say(record_property, "compose restarts mid-batch — " + "; ".join(report))
+    for service, line in STARTED_SAYS.items():  # `docker compose logs` tells what happened: two starts each
+        logs = stack.compose("logs", "--no-color", service).stdout
+        assert logs.count(line) >= 2, f"{service}: {logs.count(line)} × {line!r} in its logs:\n{logs[-2000:]}"
     reference.ingest()
     hours = {first + timedelta(hours=n) for n in range(len(RESTARTED))}
     copied = stack.copy_out("airflow-scheduler", "/data/warehouse", tmp_path / "after-restarts" / "warehouse")
