@@ -100,6 +100,8 @@ def test_a_plain_channel_carries_the_token_only_when_the_url_asks_for_it():
     assert not plain_with_token("sc://spark-connect:15002", env)  # pyspark's own TLS then
     assert not plain_with_token("sc://spark-connect:15002/;use_ssl=false", {})  # no token at all
     assert not plain_with_token("sc://localhost:15002/;use_ssl=false", env)  # pyspark's own local channel
+    assert not plain_with_token("sc://localhost/;use_ssl=false", env)  # the default port, still localhost
+    assert plain_with_token("sc://spark-connect/;use_ssl=false", env)
     assert plain_with_token("sc://10.1.2.3:15002/;use_ssl=false;token=" + "u" * 64, {})
 
 

@@ -170,6 +170,13 @@ def _url_params(url: str) -> dict[str, str]:
     return {k.strip().lower(): v.strip() for k, _, v in (p.partition("=") for p in url.split(";")[1:]) if k.strip()}
 
 
+def _host_port(url: str) -> tuple[str, str]:
+    """``sc://host:port/;params`` → (host, port as written, "" when none)."""
+    where = url[len("sc://"):].split("/")[0].split(";")[0]
+    host, colon, port = where.rpartition(":")
+    return (host, port) if colon else (where, "")
+
+
 def plain_with_token(url: str, environ=None) -> bool:
     """Does ``url`` ask for its token over a plain channel to a host other than ``localhost``?
 
@@ -181,7 +188,7 @@ def plain_with_token(url: str, environ=None) -> bool:
     """
     environ = os.environ if environ is None else environ
     params = _url_params(url)
-    host = url[len("sc://"):].split("/")[0].split(";")[0].rsplit(":", 1)[0]
+    host, _ = _host_port(url)
     token = params.get("token") or environ.get(TOKEN_ENV)
     return params.get("use_ssl", "").lower() == "false" and bool(token) and host != "localhost"
 
@@ -219,7 +226,7 @@ def plain_channel_builder(url: str):
 
 def answers(url: str, timeout: float = 2.0) -> bool:
     """Does something listen at the host and port of ``url`` (``sc://host:port``)?"""
-    host, _, port = url[len("sc://"):].split("/")[0].split(";")[0].rpartition(":")
+    host, port = _host_port(url)
     try:
         with socket.create_connection((host, int(port or 15002)), timeout=timeout):
             return True
