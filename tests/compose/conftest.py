@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 import os
@@ -125,13 +126,18 @@ class Stack:
     seconds: dict = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
-    @property
+    @functools.cached_property
     def api(self) -> AirflowApi:
+        """One client (one login) for the stack's whole life."""
         return AirflowApi(f"http://127.0.0.1:{self.values['AIRFLOW_UI_PORT']}", self.values["AIRFLOW_ADMIN_PASSWORD"],
                           patience=120)  # a GET waits out a restarting Postgres (5xx) instead of failing the test
 
+    @functools.cached_property
+    def compose_command(self) -> list[str]:
+        return compose_command(self.env)
+
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
-        command = [*compose_command(self.env), "--project-directory", str(ROOT), "-f", str(ROOT / "docker-compose.yml"),
+        command = [*self.compose_command, "--project-directory", str(ROOT), "-f", str(ROOT / "docker-compose.yml"),
                    "--env-file", str(self.dotenv), "-p", self.project, *args]
         done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
         if check and done.returncode:

@@ -31,7 +31,7 @@ import pytest
 
 from bench.run import generate as generate_feed
 from tests.compose.conftest import LOCAL_NETWORKS, Stack, build_images, free_port, write_dotenv
-from tests.support.airflow_api import create_backfill, write_router_feed
+from tests.support.airflow_api import create_backfill, log_events, write_router_feed
 from tests.support.harness import Harness
 from tests.support.tables import differences, tables
 from traffic.app import demo
@@ -117,15 +117,21 @@ def _ingest_runs_finish(stack: Stack, timeout: float) -> None:
             stack.api.wait_run("traffic_ingest", run["dag_run_id"], timeout=timeout)
 
 
+def deliver_and_trigger(stack: Stack, files: dict[str, bytes], timeout: float = 900) -> dict:
+    """Deliver ``files`` while `traffic_ingest` is paused (so no scheduled batch takes half of them), then
+    unpause and trigger it; the triggered run."""
+    stack.api.patch("/api/v2/dags/traffic_ingest", {"is_paused": True})
+    _ingest_runs_finish(stack, timeout)
+    stack.deliver(files)
+    stack.api.unpause("traffic_ingest")
+    return stack.api.post("/api/v2/dags/traffic_ingest/dagRuns", {"logical_date": None})
+
+
 def deliver_and_ingest(stack: Stack, files: dict[str, bytes], timeout: float = 900) -> dict:
     """Deliver ``files`` while `traffic_ingest` is paused (so no scheduled batch takes half of them), then
     trigger it and wait until no ingest run is left unfinished; the last ingest task that ran."""
     api = stack.api
-    api.patch("/api/v2/dags/traffic_ingest", {"is_paused": True})
-    _ingest_runs_finish(stack, timeout)
-    stack.deliver(files)
-    api.unpause("traffic_ingest")
-    triggered = api.post("/api/v2/dags/traffic_ingest/dagRuns", {"logical_date": None})
+    triggered = deliver_and_trigger(stack, files, timeout)
     api.wait_run("traffic_ingest", triggered["dag_run_id"], timeout=timeout)
     _ingest_runs_finish(stack, timeout)
     ran = []
@@ -139,13 +145,7 @@ def deliver_and_ingest(stack: Stack, files: dict[str, bytes], timeout: float = 9
 
 def task_log(stack: Stack, dag_id: str, run_id: str, task_id: str) -> str:
     path = f"/opt/airflow/logs/dag_id={dag_id}/run_id={run_id}/task_id={task_id}/attempt=1.log"
-    events = []
-    for line in stack.exec("airflow-scheduler", "cat", path).splitlines():
-        try:
-            events.append(str(json.loads(line).get("event", "")))
-        except ValueError:
-            events.append(line)
-    return "\n".join(events)
+    return "\n".join(log_events(stack.exec("airflow-scheduler", "cat", path).splitlines()))
 
 
 def failed_logs(stack: Stack, dag_id: str, run_id: str) -> str:
@@ -160,8 +160,10 @@ def run_seconds(run: dict) -> float:
     return (end - start).total_seconds()
 
 
-def spark_json(stack: Stack, service: str) -> dict:
-    return json.loads(stack.exec(service, "curl", "-fsS", "http://localhost:8081/json/"))
+def spark_json(stack: Stack, service: str, container: str | None = None) -> dict:
+    """A Spark master's or worker's JSON API (its first container, or ``container``)."""
+    return json.loads(stack.docker("exec", container or stack.container(service), "curl", "-fsS",
+                                   "http://localhost:8081/json/").stdout)
 
 
 @pytest.fixture(scope="module")
@@ -339,8 +341,8 @@ def test_a_million_packet_batch_on_one_worker_and_on_two(stack, scenario, tmp_pa
         seconds[workers] = task["duration"]
     # the last batch's application ran executors on both workers
     last = max(spark_json(stack, "spark-master")["completedapps"], key=lambda app: app["starttime"])
-    per_worker = [{e["appid"] for e in json.loads(stack.docker("exec", cid, "curl", "-fsS", "http://localhost:8081/json/")
-                                                   .stdout)["finishedexecutors"]} for cid in stack.containers("spark-worker")]
+    per_worker = [{e["appid"] for e in spark_json(stack, "spark-worker", cid)["finishedexecutors"]}
+                  for cid in stack.containers("spark-worker")]
     assert len(per_worker) == 2 and all(last["id"] in apps for apps in per_worker), (last["id"], per_worker)
     say(record_property, f"compose 1 M-packet batch: one worker {seconds[1]:.1f} s, two workers {seconds[2]:.1f} s "
           f"(ingest task, spark-submit; 2 cores on this machine)")
@@ -381,11 +383,7 @@ def test_a_service_restarted_mid_batch_loses_nothing_and_counts_nothing_twice(st
         data = (tmp_path / name).read_bytes()
         (reference.root / "inbox" / name).parent.mkdir(parents=True, exist_ok=True)
         (reference.root / "inbox" / name).write_bytes(data)
-        api.patch("/api/v2/dags/traffic_ingest", {"is_paused": True})
-        _ingest_runs_finish(stack, 900)
-        stack.deliver({name: data})
-        api.unpause("traffic_ingest")
-        api.post("/api/v2/dags/traffic_ingest/dagRuns", {"logical_date": None})
+        deliver_and_trigger(stack, {name: data})
         run_id = running_ingest(stack)  # the triggered run's, or a scheduled one's that took the file first
         clock = time.monotonic()
         stack.compose("restart", "-t", "10", service)

@@ -93,19 +93,24 @@ class AirflowApi:
                              + (failed_task_logs(home, dag_id, run_id) if home else ""))
 
 
+def log_events(lines: list[str]) -> list[str]:
+    """The messages of an Airflow task log's lines (JSON events; a line that is not one, as it is)."""
+    events = []
+    for line in lines:
+        try:
+            events.append(str(json.loads(line).get("event", line)))
+        except (ValueError, AttributeError):
+            events.append(line)
+    return events
+
+
 def failed_task_logs(home: Path, dag_id: str, run_id: str, lines: int = 40) -> str:
     """The end of every failed or running task's log of a run (what a failing test should print)."""
     out = []
     for log in sorted((home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}").glob("task_id=*/attempt=*.log")):
         text = log.read_text(errors="replace").splitlines()
         if any('"level":"error"' in line or "ERROR" in line for line in text):
-            events = []
-            for line in text[-lines:]:
-                try:
-                    events.append(json.loads(line).get("event", line))
-                except ValueError:
-                    events.append(line)
-            out.append(f"\n--- {log.relative_to(home)}\n" + "\n".join(map(str, events)))
+            out.append(f"\n--- {log.relative_to(home)}\n" + "\n".join(log_events(text[-lines:])))
     return "".join(out)
 
 
