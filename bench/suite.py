@@ -641,7 +641,7 @@ class Bench:
         import subprocess
 
         from tests.e2e.conftest import _free_port, _stop
-        from tests.support.airflow_api import AirflowApi, ApiError, create_backfill
+        from tests.support.airflow_api import AirflowApi, ApiError, backfill_completed, create_backfill
 
         def patient(call, *args):
             """SQLite's Airflow answers 500/503 while its scheduler holds the database: ask again."""
@@ -683,7 +683,8 @@ class Bench:
                 clock = time.monotonic()
                 backfill = create_backfill(api, "traffic_hourly", start, last, reprocess=reprocess)
                 patient(api.unpause, "traffic_hourly")
-                while patient(api.get, f"/api/v2/backfills/{backfill['id']}")["completed_at"] is None:
+                while not (done := patient(backfill_completed, api, backfill))[1]:
+                    backfill = done[0]
                     if time.monotonic() - clock > 3600 or process.poll() is not None:
                         raise RuntimeError(f"backfill not complete after {time.monotonic() - clock:.0f} s")
                     time.sleep(2)

@@ -31,7 +31,7 @@ import pytest
 
 from bench.run import generate as generate_feed
 from tests.compose.conftest import LOCAL_NETWORKS, Stack, build_images, free_port, write_dotenv
-from tests.support.airflow_api import create_backfill, log_events, write_router_feed
+from tests.support.airflow_api import backfill_completed, create_backfill, log_events, write_router_feed
 from tests.support.harness import Harness
 from tests.support.tables import differences, tables
 from traffic.app import demo
@@ -96,13 +96,15 @@ def backfill(stack: Stack, first: datetime, last: datetime, timeout: float = 120
     made = create_backfill(api, "traffic_hourly", first, last)
     api.unpause("traffic_hourly")
     deadline = time.monotonic() + timeout
-    while api.get(f"/api/v2/backfills/{made['id']}")["completed_at"] is None:
+    while not (done := backfill_completed(api, made))[1]:
+        made = done[0]
         assert time.monotonic() < deadline, f"backfill {first}…{last} not complete after {timeout:.0f} s"
         time.sleep(3)
     runs = [r for r in api.runs("traffic_hourly", run_type="backfill")
             if first.isoformat() <= _iso(r["logical_date"]) <= last.isoformat()]
     for run in runs:
         run["tasks"] = api.task_states("traffic_hourly", run["dag_run_id"])
+        run["close"] = api.xcom("traffic_hourly", run["dag_run_id"], "close")
         assert run["state"] == "success", failed_logs(stack, "traffic_hourly", run["dag_run_id"])
     return sorted(runs, key=lambda r: r["logical_date"])
 
@@ -254,10 +256,15 @@ def test_the_cluster_run_equals_the_embedded_run(scenario, record_property):
 def test_each_backfill_run_closed_its_hour_and_the_day_once(scenario):
     submit, connect = scenario["backfill spark-submit"], scenario["backfill connect"]
     assert [r["state"] for r in submit + connect] == ["success"] * 8, [(r["logical_date"], r["tasks"]) for r in submit + connect]
-    assert [r["tasks"]["roll_up_day"] for r in submit] == ["skipped", "skipped", "success", "skipped", "skipped"]
-    assert [r["tasks"]["freeze"] for r in submit] == ["success"] + ["skipped"] * 4  # one freeze for the backfill
-    assert [r["tasks"]["freeze"] for r in connect] == ["success", "skipped", "skipped"]
-    assert all(r["tasks"]["roll_up_day"] == "skipped" for r in connect)
+    assert [r["close"]["rolled_up_day"] for r in submit] == [False, False, True, False, False]
+    assert [r["close"]["froze"] for r in submit] == [True] + [False] * 4  # one freeze for the backfill
+    assert [r["close"]["spark"] for r in submit] == ["spark-submit", None, "spark-submit", None, None]
+    assert [r["close"]["froze"] for r in connect] == [True, False, False]
+    assert [r["close"]["spark"] for r in connect] == ["warm server", None, None]
+    assert not any(r["close"]["rolled_up_day"] for r in connect)
+    assert not any(r["close"]["rolled_up_month"] for r in submit + connect)
+    assert all(r["tasks"] == {"wait_for_watermark": "success", "close": "success", "publish_data_quality": "success"}
+               for r in submit + connect), [r["tasks"] for r in submit + connect]
 
 
 def test_the_spark_master_lists_the_applications_and_their_executors_on_the_worker(scenario):
@@ -278,10 +285,10 @@ def test_the_spark_master_lists_the_applications_and_their_executors_on_the_work
 
 def test_the_task_logs_say_how_spark_ran_and_which_delta_engine(stack, scenario):
     submit = scenario["backfill spark-submit"][0]
-    freeze = task_log(stack, "traffic_hourly", submit["dag_run_id"], "freeze")
+    freeze = task_log(stack, "traffic_hourly", submit["dag_run_id"], "close")
     assert "does not answer: spark-submit instead" in freeze and "Spark-Submit cmd: spark-submit --master spark://spark-master:7077" in freeze
     warm = scenario["backfill connect"][0]
-    freeze = task_log(stack, "traffic_hourly", warm["dag_run_id"], "freeze")
+    freeze = task_log(stack, "traffic_hourly", warm["dag_run_id"], "close")
     assert "Spark: a client of the warm Spark Connect server sc://spark-connect:15002" in freeze, freeze[-3000:]
     assert "Spark-Submit cmd" not in freeze
     ingest = task_log(stack, "traffic_ingest", scenario["ingest connect"]["dag_run_id"], "ingest")
@@ -297,10 +304,7 @@ def test_airflows_runs_are_rows_in_postgres_and_the_verdicts_are_in_the_api(stac
                         "and run_type = 'backfill' group by run_type, state")
     assert counts.strip() == "backfill|success|8", counts
     for run in scenario["backfill spark-submit"] + scenario["backfill connect"]:
-        verdict = stack.api.get(f"/api/v2/dags/traffic_hourly/dagRuns/{run['dag_run_id']}/taskInstances/"
-                                "publish_data_quality/xcomEntries/return_value")["value"]
-        if isinstance(verdict, str):
-            verdict = json.loads(verdict)
+        verdict = stack.api.xcom("traffic_hourly", run["dag_run_id"], "publish_data_quality")
         assert verdict["failed"] == [] and verdict["periods"] >= 1, verdict
         assert set(verdict["by_status"]) <= {"passed", "warned"}, verdict
 
@@ -310,11 +314,11 @@ def test_per_hour_close_latency_both_ways(stack, scenario, record_property):
     report = []
     for way in ("spark-submit", "connect"):
         runs = scenario[f"backfill {way}"]
-        rest = [run_seconds(r) for r in runs[1:] if r["tasks"]["roll_up_day"] != "success"]
+        rest = [run_seconds(r) for r in runs[1:] if not r["close"]["rolled_up_day"]]
         ingest_task = scenario[f"ingest {way}"]
         report.append(f"{way}: ingest task {ingest_task['duration']:.1f} s; freezing run {run_seconds(runs[0]):.1f} s; "
                       f"re-checking runs median {statistics.median(rest):.1f} s (n={len(rest)})")
-        roll_up = [run_seconds(r) for r in runs if r["tasks"]["roll_up_day"] == "success"]
+        roll_up = [run_seconds(r) for r in runs if r["close"]["rolled_up_day"]]
         if roll_up:
             report[-1] += f"; the midnight run with the day roll-up {roll_up[0]:.1f} s"
     say(record_property, "compose close latency — " + " | ".join(report))

@@ -132,15 +132,8 @@ def test_spark_tasks_submit_the_jobs_with_the_settings_passed_at_run_time(dagbag
                 assert task._conn_id == "spark_default"
     assert {k: v[0].name for k, v in jobs.items()} == {
         ("traffic_ingest", "ingest"): "ingest.py",
-        ("traffic_hourly", "freeze"): "close.py",
-        ("traffic_hourly", "roll_up_day"): "close.py",
-        ("traffic_hourly", "roll_up_month"): "close.py",
         ("traffic_replay", "replay"): "replay.py",
-    }
-    until = "{{ data_interval_end | ts }}"
-    assert jobs[("traffic_hourly", "freeze")][1][2:] == ["--only", "freeze"]  # its bound: the test below
-    assert jobs[("traffic_hourly", "roll_up_day")][1] == ["--until", until, "--only", "days"]
-    assert jobs[("traffic_hourly", "roll_up_month")][1] == ["--until", until, "--only", "months"]
+    }  # the hourly close submits jobs/close.py from its one `close` task (tests/unit/test_spark_step.py)
 
 
 def test_spark_submit_env_passes_traffic_settings_and_the_venv_python():
@@ -176,8 +169,7 @@ def test_spark_tasks_start_the_jvm_their_job_needs(dagbag, monkeypatch):
 
     monkeypatch.delenv("TRAFFIC_SPARK_JIT", raising=False)
     quick = {key for key, options in java_options().items() if QUICK_FLAGS in options}
-    assert quick == {("traffic_ingest", "ingest"), ("traffic_hourly", "freeze"), ("traffic_hourly", "roll_up_day"),
-                     ("traffic_hourly", "roll_up_month")}
+    assert quick == {("traffic_ingest", "ingest")}  # and the hourly close's steps: tests/unit/test_spark_step.py
     monkeypatch.setenv("TRAFFIC_SPARK_JIT", "full")
     assert not any(QUICK_FLAGS in options for options in java_options().values())
     monkeypatch.setenv("TRAFFIC_SPARK_JIT", "quick")
@@ -201,20 +193,17 @@ def test_hourly_timetable_gives_one_hour_data_intervals(dagbag):
     assert manual == DataInterval(pendulum.datetime(2026, 11, 19, 23, tz="UTC"), pendulum.datetime(2026, 11, 20, tz="UTC"))
 
 
-def test_hourly_tasks_wait_short_circuit_and_let_later_steps_run_after_skips(dagbag):
+def test_an_hourly_run_is_three_tasks_wait_close_publish(dagbag):
+    """Issue 26: each task costs Airflow about a second to start, so the checks and steps of a close are one
+    task (its XCom says what it did) and the data-quality verdict is the run's last task."""
     dag = dagbag.dags["traffic_hourly"]
-    order = ["wait_for_watermark", "freeze_needed", "freeze", "day_closes", "roll_up_day", "month_closes",
-             "roll_up_month", "expire", "publish_data_quality", "notify_alerts"]
-    for upstream, downstream in zip(order, order[1:]):
-        assert dag.get_task(upstream).downstream_task_ids == {downstream}
+    assert [task.task_id for task in dag.topological_sort()] == ["wait_for_watermark", "close", "publish_data_quality"]
+    assert dag.get_task("wait_for_watermark").downstream_task_ids == {"close"}
+    assert dag.get_task("close").downstream_task_ids == {"publish_data_quality"}
     sensor = dag.get_task("wait_for_watermark")
     assert sensor.mode == "reschedule" and sensor.timeout == timedelta(hours=2).total_seconds()
-    for gate in ("freeze_needed", "day_closes", "month_closes"):
-        assert dag.get_task(gate).ignore_downstream_trigger_rules is False, gate
-    for task_id in ("day_closes", "month_closes", "expire", "publish_data_quality"):
-        assert dag.get_task(task_id).trigger_rule == "none_failed", task_id
-    # Alerts come from published hours only: they are sent even when another period of the interval failed.
-    assert dag.get_task("notify_alerts").trigger_rule == "all_done"
+    assert dag.get_task("close").execution_timeout == timedelta(minutes=30)
+    assert {task.trigger_rule for task in dag.tasks} == {"all_success"}  # a failed close is never published
 
 
 def test_ingest_runs_every_five_minutes_unless_configured(dagbag, airflow_home):
@@ -289,30 +278,6 @@ def test_replay_template_renders_the_argument_list(dagbag, archive):
                 "source": "edge", "restate": False, "reason": None})
     assert rendered == ["--from=2026-11-19T22:00:00+00:00", "--to=2026-11-19T23:00:00+00:00",
                         f"--input={archive}", "--source=edge"]
-
-
-def test_a_backfill_run_freezes_every_closed_hour_and_a_scheduled_run_up_to_its_interval_end(dagbag):
-    """Issue 26: a backfill's runs share one freeze of the range (no ``--until``: all the watermark closed)."""
-    from datetime import datetime, timezone
-    from types import SimpleNamespace
-
-    from airflow.utils.types import DagRunType
-
-    dag = dagbag.dags["traffic_hourly"]
-    task = dag.get_task("freeze")
-    end = datetime(2026, 11, 20, 3, tzinfo=timezone.utc)
-
-    def rendered(run_type):
-        return [dag.get_template_env().from_string(arg).render(
-            dag_run=SimpleNamespace(run_type=run_type), data_interval_end=end) for arg in task.application_args]
-
-    assert rendered(DagRunType.SCHEDULED) == ["--until", "2026-11-20T03:00:00+00:00", "--only", "freeze"]
-    assert rendered(DagRunType.MANUAL) == ["--until", "2026-11-20T03:00:00+00:00", "--only", "freeze"]
-    assert rendered(DagRunType.BACKFILL_JOB) == ["--until", "", "--only", "freeze"]
-    # The roll-ups keep their interval end in every run: a day still closes only at its midnight.
-    for step in ("roll_up_day", "roll_up_month"):
-        args = dag.get_task(step).application_args
-        assert dag.get_template_env().from_string(args[1]).render(data_interval_end=end) == "2026-11-20T03:00:00+00:00"
 
 
 def test_the_freeze_says_in_its_log_how_far_it_goes(caplog):

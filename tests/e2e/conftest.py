@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.airflow_api import AirflowApi, create_backfill, failed_task_logs, write_router_feed  # noqa: F401 (tests import the feed from here)
+from tests.support.airflow_api import AirflowApi, backfill_completed, create_backfill, failed_task_logs, write_router_feed  # noqa: F401 (tests import the feed from here)
 
 ROOT = Path(__file__).resolve().parents[2]
 UTC = timezone.utc
@@ -181,7 +181,7 @@ class Backfill:
     ingest_runs: list
     triggered_ingest: dict
     backfill: dict
-    runs: list  # backfill runs in order, each with "tasks": {task_id: state}
+    runs: list  # backfill runs in order, each with "tasks": {task_id: state} and "close": the close task's XCom
     live_runs: list  # the scheduled runs when the backfill completed, each with "tasks"
     seconds: dict
 
@@ -216,7 +216,8 @@ def hourly_backfill(airflow) -> Backfill:
     backfill = create_backfill(api, "traffic_hourly", start, end - timedelta(hours=1))
     api.unpause("traffic_hourly")
     deadline = time.monotonic() + BACKFILL_TIMEOUT
-    while api.get(f"/api/v2/backfills/{backfill['id']}")["completed_at"] is None:
+    while not (done := backfill_completed(api, backfill))[1]:
+        backfill = done[0]
         scheduler_alive(airflow.log)
         if time.monotonic() > deadline:
             states = {r["dag_run_id"]: (r["state"], api.task_states("traffic_hourly", r["dag_run_id"]))
@@ -231,5 +232,6 @@ def hourly_backfill(airflow) -> Backfill:
     runs = sorted(api.runs("traffic_hourly", run_type="backfill"), key=lambda r: r["data_interval_start"])
     for r in runs:
         r["tasks"] = api.task_states("traffic_hourly", r["dag_run_id"])
+        r["close"] = api.xcom("traffic_hourly", r["dag_run_id"], "close")  # what the run's close did
     return Backfill(midnight=midnight, start=start, end=end, expected=expected, ingest_runs=ingest_runs,
                     triggered_ingest=triggered, backfill=backfill, runs=runs, seconds=seconds, live_runs=live)

@@ -64,13 +64,12 @@ def test_backfill_freezes_every_hour_and_rolls_up_the_day_once_at_midnight(airfl
         assert run["state"] == "success", run
         # Issue 26: the backfill's first run freezes every hour the watermark has closed (the whole range,
         # in one Spark application); the later runs find theirs final and only re-check them.
-        assert run["tasks"] == {
-            "wait_for_watermark": "success", "freeze_needed": "success",
-            "freeze": "success" if index == 0 else "skipped",
-            "day_closes": "success", "roll_up_day": "success" if at_midnight else "skipped",
-            "month_closes": "success", "roll_up_month": "skipped",
-            "expire": "success", "publish_data_quality": "success", "notify_alerts": "success",
-        }, run["dag_run_id"]
+        assert run["tasks"] == {"wait_for_watermark": "success", "close": "success",
+                                "publish_data_quality": "success"}, run["dag_run_id"]
+        close = run["close"]  # the close task's XCom: what the grid shows of the run
+        assert (close["froze"], close["rolled_up_day"], close["rolled_up_month"]) == (index == 0, at_midnight, False), \
+            (run["dag_run_id"], close)
+        assert close["spark"] == ("warm server" if index == 0 or at_midnight else None), close
 
     warehouse = _warehouse(airflow)
     ledger = st.read_ledger(warehouse)
@@ -98,12 +97,11 @@ def test_backfill_freezes_every_hour_and_rolls_up_the_day_once_at_midnight(airfl
     assert warehouse.table("monthly").read_arrow().num_rows == 0
 
     # Raw detail: keep_hours=1 behind hour_floor(W) — only the last hour's packets are left,
-    # expired by the `expire` tasks in the worker without a JVM.
+    # expired by each run's `close` task in the worker, without a JVM.
     packets = st.rows(warehouse.table("packets").read_arrow(columns=["hour", "bytes"]))
     assert {r["hour"] for r in packets} == {scenario.end - timedelta(hours=1)}
     assert sum(r["bytes"] for r in packets) == scenario.expected[scenario.end - timedelta(hours=1)][0]
-    expired = [airflow.api.get(f"/api/v2/dags/traffic_hourly/dagRuns/{r['dag_run_id']}/taskInstances/expire"
-                               "/xcomEntries/return_value?deserialize=true")["value"] for r in scenario.runs]
+    expired = [r["close"]["expire"] for r in scenario.runs]
     assert [e["spark_started"] for e in expired] == [False] * len(scenario.runs), expired
     assert sum(e["expired_hours"] for e in expired) == len(scenario.runs) - 1, expired
 
@@ -116,7 +114,7 @@ def test_the_live_run_waiting_for_the_watermark_does_not_hold_the_backfill_back(
     run = live[0]
     assert run["state"] in ("queued", "running"), run
     assert run["tasks"]["wait_for_watermark"] in ("up_for_reschedule", "running", "scheduled", "queued"), run
-    assert run["tasks"]["freeze"] is None, run
+    assert run["tasks"]["close"] is None, run
     latest = max(r["data_interval_end"] for r in hourly_backfill.runs)
     assert run["data_interval_start"] > latest  # an hour the watermark has not reached
     # It was waiting while the backfill's runs went through, not created after them.
@@ -126,16 +124,13 @@ def test_the_live_run_waiting_for_the_watermark_does_not_hold_the_backfill_back(
 def test_spark_steps_ran_as_clients_of_the_warm_server_make_airflow_started(airflow, hourly_backfill):
     """Issue 26: `make airflow` starts the warehouse's own Spark Connect server; the freeze, the day roll-up
     and the micro-batch ran as its clients (no spark-submit, no JVM of their own) and their logs say so."""
-    ran = {"freeze": None, "roll_up_day": None}
-    for run in hourly_backfill.runs:
-        for task, state in run["tasks"].items():
-            if task in ran and state == "success":
-                ran[task] = run["dag_run_id"]
-    logs = [airflow.home / "logs" / "dag_id=traffic_hourly" / f"run_id={run_id}" / f"task_id={task}" / "attempt=1.log"
-            for task, run_id in ran.items()]
+    ran = {step: next(r["dag_run_id"] for r in hourly_backfill.runs if r["close"][step])
+           for step in ("froze", "rolled_up_day")}
+    logs = [airflow.home / "logs" / "dag_id=traffic_hourly" / f"run_id={run_id}" / "task_id=close" / "attempt=1.log"
+            for run_id in ran.values()]
     ingest = hourly_backfill.ingest_runs[-1]
     logs += sorted((airflow.home / "logs" / "dag_id=traffic_ingest").glob("run_id=*/task_id=ingest/attempt=1.log"))
-    assert None not in ran.values() and len(logs) >= 3, (ran, ingest)
+    assert len(set(ran.values())) == 2 and len(logs) >= 3, (ran, ingest)
     for log in logs:
         text = log.read_text(errors="replace")
         assert "Spark: a client of the warm Spark Connect server sc://localhost:" in text, (log, text[-2000:])
@@ -156,8 +151,10 @@ def test_rerunning_a_final_hour_rechecks_without_spark(airflow, hourly_backfill)
     seconds = time.monotonic() - clock
     tasks = api.task_states("traffic_hourly", run["dag_run_id"])
     assert again["state"] == "success", tasks
-    assert tasks["freeze"] == "skipped" and tasks["roll_up_day"] == "skipped" and tasks["roll_up_month"] == "skipped"
-    assert tasks["publish_data_quality"] == "success" and tasks["expire"] == "success"
+    assert tasks == {"wait_for_watermark": "success", "close": "success", "publish_data_quality": "success"}, tasks
+    close = airflow.api.xcom("traffic_hourly", run["dag_run_id"], "close")
+    assert (close["froze"], close["rolled_up_day"], close["rolled_up_month"], close["spark"]) == \
+        (False, False, False, None), close  # the hour after midnight: no day change, and no day waiting
     assert {name: warehouse.table(name).version() for name in versions} == versions
     assert seconds < 90, f"a re-check took {seconds:.0f}s"
 

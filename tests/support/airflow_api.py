@@ -81,6 +81,17 @@ class AirflowApi:
         tis = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances")
         return {t["task_id"]: t["state"] for t in tis["task_instances"]}
 
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value"):
+        """A task's XCom, deserialized (None when the task pushed none)."""
+        try:
+            value = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances/{task_id}"
+                             f"/xcomEntries/{key}?deserialize=true")["value"]
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        return json.loads(value) if isinstance(value, str) else value
+
     def wait_run(self, dag_id: str, run_id: str, timeout: float, home: Path | None = None) -> dict:
         """Poll until the run is finished; on timeout say where every task is."""
         deadline = time.monotonic() + timeout
@@ -162,3 +173,23 @@ def create_backfill(api: AirflowApi, dag_id: str, first: datetime, last: datetim
             if error.status not in (409, 503) or time.monotonic() > deadline:
                 raise
         time.sleep(2)
+
+
+def backfill_completed(api: AirflowApi, backfill: dict) -> tuple[dict, bool]:
+    """The backfill as it is now, and whether it has completed.
+
+    On SQLite, Airflow 3.3 has answered 404 for a backfill it had just created (a 503-retried create
+    whose first attempt was rolled back): then the DAG's newest backfill is the one that runs.
+    """
+    try:
+        now = api.get(f"/api/v2/backfills/{backfill['id']}")
+    except ApiError as error:
+        if error.status != 404:
+            raise
+        made = [b for b in api.get(f"/api/v2/backfills?dag_id={backfill['dag_id']}")["backfills"]
+                if b["id"] >= backfill["id"]]
+        if not made:
+            raise AssertionError(f"backfill {backfill['id']} of {backfill['dag_id']} is gone, and no later one "
+                                 "exists") from error
+        now = max(made, key=lambda b: b["id"])
+    return now, now["completed_at"] is not None

@@ -112,3 +112,133 @@ def test_auto_without_the_warehouses_warm_server_is_a_spark_submit(job, tmp_path
     with caplog.at_level(logging.INFO):
         assert run_spark_step(job, _submitted(calls)) == "submitted"
     assert calls == ["spark-submit"] and "no warm Spark Connect server runs for" in caplog.text
+
+
+# -- the hourly DAG's one `close` task ------------------------------------------------------------
+
+END = "2026-11-20T03:00:00+00:00"
+
+
+@pytest.fixture
+def gates(monkeypatch):
+    """close_interval's checks, expiry and alerts, answered by the test (each call recorded)."""
+    from traffic.orchestration import dag_support
+
+    answers = {"freeze_needed": True, "day_closes": False, "month_closes": False}
+    calls = []
+    for name in answers:
+        monkeypatch.setattr(dag_support, name, lambda end, name=name: answers[name])
+    monkeypatch.setattr(dag_support, "expire_raw_detail",
+                        lambda end: calls.append("expire") or {"expired_hours": 1, "spark_started": False})
+    monkeypatch.setattr(dag_support, "notify_alerts", lambda: calls.append("alerts") or {"sent": 0})
+    return SimpleNamespace(answers=answers, calls=calls)
+
+
+def _steps(calls, fail_at=None):
+    def spark(step, bound):
+        calls.append((step, bound))
+        if step == fail_at:
+            raise RuntimeError(f"{step} failed")
+        return "spark-submit"
+    return spark
+
+
+def test_a_backfill_run_freezes_every_closed_hour_and_a_scheduled_or_manual_run_up_to_its_interval_end(gates):
+    """Issue 26: a backfill's runs share one freeze of the range (no ``--until``: all the watermark closed)."""
+    from airflow.sdk.api.datamodels._generated import DagRunType  # what a task's dag_run.run_type is
+
+    from traffic.orchestration.dag_support import close_interval
+
+    for run_type, bound in ((DagRunType.BACKFILL, []), ("backfill", []), (DagRunType.SCHEDULED, ["--until", END]),
+                            (DagRunType.MANUAL, ["--until", END])):
+        calls = []
+        summary = close_interval(END, run_type, spark=_steps(calls))
+        assert calls == [("freeze", bound)], run_type
+        assert summary["froze"] and not summary["rolled_up_day"] and not summary["rolled_up_month"]
+        assert summary["spark"] == "spark-submit" and summary["expire"]["expired_hours"] == 1
+
+
+def test_roll_ups_run_only_when_their_gates_say_so_and_keep_the_interval_end(gates):
+    from traffic.orchestration.dag_support import close_interval
+
+    gates.answers.update(freeze_needed=False, day_closes=True, month_closes=True)
+    calls = []
+    summary = close_interval(END, "backfill", spark=_steps(calls))
+    assert calls == [("days", ["--until", END]), ("months", ["--until", END])]  # a day closes at its midnight only
+    assert not summary["froze"] and summary["rolled_up_day"] and summary["rolled_up_month"]
+    assert gates.calls == ["expire", "alerts"]
+
+
+def test_a_final_hour_starts_no_spark_and_still_expires_and_sends_alerts(gates, caplog):
+    from traffic.orchestration.dag_support import close_interval
+
+    gates.answers["freeze_needed"] = False
+    calls = []
+    with caplog.at_level(logging.INFO):
+        summary = close_interval(END, "scheduled", spark=_steps(calls))
+    assert calls == [] and summary["spark"] is None and not summary["froze"]
+    assert gates.calls == ["expire", "alerts"] and summary["alerts"] == {"sent": 0}
+    assert "nothing to freeze or roll up, re-checked only (Spark: not started)" in caplog.text
+
+
+def test_a_failing_step_fails_the_task_after_the_alerts_and_runs_no_later_step(gates):
+    """Alerts come from published hours only, so they go out even when a later step fails (the old
+    ``notify_alerts`` task's ``all_done``)."""
+    from traffic.orchestration.dag_support import close_interval
+
+    gates.answers["day_closes"] = True
+    calls = []
+    with pytest.raises(RuntimeError, match="days failed"):
+        close_interval(END, "scheduled", spark=_steps(calls, fail_at="days"))
+    assert [step for step, _ in calls] == ["freeze", "days"]
+    assert gates.calls == ["alerts"]  # no expiry after a failed roll-up, the alerts all the same
+
+
+def test_close_steps_submit_close_py_with_the_quick_jvm_when_no_warm_server_answers(monkeypatch, caplog):
+    """Without a warm server each step is one spark-submit of jobs/close.py, with the settings and the
+    quick-starting JVM (hourly closes are small); the warm-server path is the one tested above."""
+    from pathlib import Path
+
+    from airflow.providers.apache.spark.hooks import spark_submit
+
+    from traffic.orchestration.dag_support import CloseSteps
+    from traffic.runtime.jvm import QUICK_FLAGS
+
+    submitted = []
+
+    class Hook:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def submit(self, application):
+            submitted.append((Path(application), self.kwargs))
+
+    monkeypatch.setattr(spark_submit, "SparkSubmitHook", Hook)
+    monkeypatch.delenv("TRAFFIC_SPARK_CONNECT", raising=False)
+    monkeypatch.delenv("TRAFFIC_SPARK_JIT", raising=False)
+    monkeypatch.setenv("TRAFFIC_WAREHOUSE", "/w")
+    steps = CloseSteps(load_settings())
+    with caplog.at_level(logging.INFO):
+        assert steps("freeze", ["--until", END]) == "spark-submit"
+        assert steps("days", ["--until", END]) == "spark-submit"
+    assert caplog.text.count("Spark: spark-submit (no warm Spark Connect server") == 1  # decided once
+    (application, first), (_, second) = submitted
+    assert application.name == "close.py" and application.is_file()
+    assert first["application_args"] == ["--until", END, "--only", "freeze"] and first["conn_id"] == "spark_default"
+    assert second["application_args"] == ["--until", END, "--only", "days"]
+    assert first["env_vars"]["TRAFFIC_WAREHOUSE"] == "/w" and first["env_vars"]["TZ"] == "UTC"
+    assert QUICK_FLAGS in first["conf"]["spark.driver.extraJavaOptions"]
+
+
+def test_close_steps_run_as_clients_of_an_answering_warm_server(listening, monkeypatch, caplog, tmp_path):
+    from traffic.orchestration import dag_support
+
+    job = tmp_path / "close.py"
+    job.write_text(JOB)
+    monkeypatch.setattr(dag_support, "CLOSE_JOB", job)
+    url = f"sc://127.0.0.1:{listening}/;use_ssl=false"
+    monkeypatch.setenv("TRAFFIC_SPARK_CONNECT", url)
+    with caplog.at_level(logging.INFO):
+        assert dag_support.CloseSteps(load_settings())("freeze", []) == "warm server"
+    assert f"Spark: a client of the warm Spark Connect server {url} (no JVM start in this task): freeze" in caplog.text
+    assert "args ['--only', 'freeze']" in caplog.text and f"master {url}" in caplog.text

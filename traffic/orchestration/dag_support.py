@@ -112,6 +112,25 @@ def _warm_server(settings) -> tuple[str, str] | None:
     return url, shown
 
 
+def _as_client(application: str, args: list[str], env: Mapping[str, str], shown: str) -> None:
+    """Run ``application args`` in a child Python, a client of the warm server: its output goes to the
+    task log, and the child is killed if the task is (a timeout, a kill from the UI)."""
+    process = subprocess.Popen([sys.executable, application, *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=dict(env))
+    try:
+        last = deque(maxlen=5)
+        for line in process.stdout:
+            log.info("%s", line.rstrip())
+            last.append(line.rstrip())
+        if process.wait():
+            raise RuntimeError(f"{Path(application).name} exited with {process.returncode} (as a client of "
+                               f"{shown}): " + " | ".join(last))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def run_spark_step(task, submit: Callable[[], Any]) -> Any:
     """``execute`` of a DAG's Spark step: its job as a client of the warm Spark Connect server (setting
     ``spark_connect``) while that server answers, so the task starts no JVM; else ``submit()``, the
@@ -123,17 +142,84 @@ def run_spark_step(task, submit: Callable[[], Any]) -> Any:
         return submit()
     url, shown = warm
     log.info("Spark: a client of the warm Spark Connect server %s (no JVM start in this task)", shown)
-    command = [sys.executable, task.application, *(task.application_args or [])]
-    env = {**os.environ, **(task.env_vars or {}), "TRAFFIC_SPARK_MASTER": url}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    last = deque(maxlen=5)
-    for line in process.stdout:
-        log.info("%s", line.rstrip())
-        last.append(line.rstrip())
-    if process.wait():
-        raise RuntimeError(f"{Path(task.application).name} exited with {process.returncode} (as a client of {shown}): "
-                           + " | ".join(last))
+    _as_client(task.application, list(task.application_args or []),
+               {**os.environ, **(task.env_vars or {}), "TRAFFIC_SPARK_MASTER": url}, shown)
     return None
+
+
+CLOSE_JOB = Path(__file__).resolve().parents[2] / "jobs" / "close.py"
+
+
+class CloseSteps:
+    """Runs steps of ``jobs/close.py`` as Spark: a client of the warm server while one answers, else
+    spark-submit (the quick-starting JVM, as for every hourly close). Which is decided at the first
+    step and said once in the task log; a run with nothing to freeze or roll up starts neither."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self._warm: tuple[str, str] | None | bool = False  # False: not decided yet
+
+    def __call__(self, step: str, bound: list[str]) -> str:
+        """``close.py <bound> --only <step>``; returns how it ran ("warm server" or "spark-submit")."""
+        if self._warm is False:
+            _say_delta_engine(self.settings)
+            self._warm = _warm_server(self.settings)
+        args = [*bound, "--only", step]
+        if self._warm:
+            url, shown = self._warm
+            log.info("Spark: a client of the warm Spark Connect server %s (no JVM start in this task): %s",
+                     shown, step)
+            _as_client(str(CLOSE_JOB), args, {**os.environ, **spark_submit_env(), "TRAFFIC_SPARK_MASTER": url}, shown)
+            return "warm server"
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        hook = SparkSubmitHook(conn_id="spark_default", name=f"traffic-close-{step}", env_vars=spark_submit_env(),
+                               conf=spark_submit_conf(quick_by_default=True), application_args=args)
+        try:
+            hook.submit(str(CLOSE_JOB))
+        except BaseException:
+            hook.on_kill()
+            raise
+        return "spark-submit"
+
+
+def close_interval(interval_end: Any, run_type: Any, spark: Callable[[str, list[str]], str] | None = None) -> dict:
+    """The hourly DAG's ``close`` task: every step of an hour's close in one task process (each task costs
+    Airflow about a second to start, and most runs of a backfill only re-check).
+
+    In order, each step only when its check (Arrow, no JVM) says so: freeze (skipped when every hour
+    up to the interval end is final; a backfill run freezes every hour the watermark has closed), roll up
+    the day (midnight UTC, or a closed day waiting) and the month (likewise), expire raw detail; and,
+    whatever happened before, send the alerts not sent yet. Returns the run's summary (its XCom: the
+    grid's record of whether this run froze, rolled up a day or month, and how Spark ran).
+    """
+    settings = settings_from_env()
+    end = as_utc(interval_end)
+    run_type = str(getattr(run_type, "value", run_type))  # the task SDK's DagRunType: "backfill", "scheduled", …
+    spark = spark or CloseSteps(settings)
+    until = ["--until", end.isoformat()]
+    summary: dict[str, Any] = {"interval_end": end.isoformat(), "froze": False, "rolled_up_day": False,
+                               "rolled_up_month": False, "spark": None}
+    try:
+        if freeze_needed(end):
+            say_freeze_bound(run_type, end)
+            summary["spark"] = spark("freeze", [] if run_type == "backfill" else until)
+            summary["froze"] = True
+        if day_closes(end):
+            summary["spark"] = spark("days", until)
+            summary["rolled_up_day"] = True
+        if month_closes(end):
+            summary["spark"] = spark("months", until)
+            summary["rolled_up_month"] = True
+        summary["expire"] = expire_raw_detail(end)
+    finally:
+        summary["alerts"] = notify_alerts()  # alerts of the hours published so far, even if a step failed
+    done = [said for said, key in (("froze", "froze"), ("rolled up the day", "rolled_up_day"),
+                                   ("rolled up the month", "rolled_up_month")) if summary[key]]
+    log.info("close of the interval ending %s: %s (Spark: %s); expiry %s", _fmt(end),
+             ", ".join(done) or "nothing to freeze or roll up, re-checked only", summary["spark"] or "not started",
+             summary["expire"])
+    return summary
 
 
 def say_freeze_bound(run_type: str, interval_end: Any) -> None:
