@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from traffic.io import inbox as inbox_mod
 from traffic.storage import state as st
 from traffic.core.periods import PUBLISHED, closed_hours, days_due, months_due, starts
 from traffic.storage.delta import Warehouse
@@ -70,6 +69,8 @@ def day_waiting(settings: Settings, interval_end: datetime) -> bool:
 
 def inbox_has_new_files(settings: Settings) -> bool:
     """True when the inbox holds a file no batch has handled (or a batch is waiting to be finished)."""
+    from traffic.io import inbox as inbox_mod  # deferred: the inbox's readers import pandas, which no close check needs
+
     warehouse = warehouse_if_any(settings)
     if warehouse is not None and pending_batch(warehouse.root) is not None:
         return True
