@@ -60,6 +60,27 @@ def log(message: str) -> None:
     print(f"[{dt.datetime.now(UTC):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
 
 
+def run_time_split(runs: list[dict]) -> dict[str, float]:
+    """Where an Airflow backfill's runs spent their time, in mean seconds a run: ``tasks`` (each task instance
+    from its start to its end: process start-up and the task's own work), ``inside a run`` (the rest of a run's
+    wall time: the scheduler's gaps before, between and after its tasks) and ``between runs`` (one run's end to
+    the next one's start). ``runs`` are the API's dag runs, each with its ``task_instances``."""
+    def at(text: str) -> dt.datetime:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+    ordered = sorted(runs, key=lambda r: at(r["start_date"]))
+    tasks = inside = between = 0.0
+    for index, run in enumerate(ordered):
+        own = sum((at(ti["end_date"]) - at(ti["start_date"])).total_seconds() for ti in run["task_instances"]
+                  if ti.get("start_date") and ti.get("end_date"))
+        tasks += own
+        inside += (at(run["end_date"]) - at(run["start_date"])).total_seconds() - own
+        if index:
+            between += (at(run["start_date"]) - at(ordered[index - 1]["end_date"])).total_seconds()
+    count = max(len(ordered), 1)
+    return {"tasks": tasks / count, "inside a run": inside / count, "between runs": between / max(len(ordered) - 1, 1)}
+
+
 class Figure(dict):
     """One row of the summary table: what, ours, the peer's, ratio, target and whether it holds."""
 
@@ -694,16 +715,18 @@ class Bench:
                         if r.get("backfill_id") in (None, backfill["id"])][-hours:]
                 split: dict[str, list[float]] = {}
                 for run in runs:
-                    for ti in api.get(f"/api/v2/dags/traffic_hourly/dagRuns/{run['dag_run_id']}/taskInstances")[
-                            "task_instances"]:
-                        if ti.get("state") in ("success", "failed") and ti.get("start_date") and ti.get("end_date"):
-                            took = (dt.datetime.fromisoformat(ti["end_date"]) -
-                                    dt.datetime.fromisoformat(ti["start_date"])).total_seconds()
-                            split.setdefault(ti["task_id"], []).append(took)
+                    run["task_instances"] = [ti for ti in api.get(
+                        f"/api/v2/dags/traffic_hourly/dagRuns/{run['dag_run_id']}/taskInstances")["task_instances"]
+                        if ti.get("state") in ("success", "failed") and ti.get("start_date") and ti.get("end_date")]
+                    for ti in run["task_instances"]:
+                        took = (dt.datetime.fromisoformat(ti["end_date"]) -
+                                dt.datetime.fromisoformat(ti["start_date"])).total_seconds()
+                        split.setdefault(ti["task_id"], []).append(took)
                 states = sorted({r["state"] for r in runs})
                 results[label] = {"seconds": seconds, "per_hour": seconds / hours, "runs": len(runs), "states": states,
                                   "tasks": {k: (len(v), sum(v) / len(v)) for k, v in split.items()},
-                                  "task_seconds_per_hour": sum(sum(v) for v in split.values()) / hours}
+                                  "task_seconds_per_hour": sum(sum(v) for v in split.values()) / hours,
+                                  "split": run_time_split(runs)}
                 log(f"airflow: {label}: {seconds:.0f} s, {seconds / hours:.1f} s an hour, runs {states}")
         finally:
             _stop(process, home)
@@ -711,19 +734,22 @@ class Bench:
         rows = []
         for label, r in results.items():
             tasks = ", ".join(f"{k} {n}× {mean:.1f} s" for k, (n, mean) in sorted(r["tasks"].items()))
-            rows.append(f"| {label} | {r['seconds']:.0f} s | {r['per_hour']:.1f} s (tasks' own time "
-                        f"{r['task_seconds_per_hour']:.1f} s) | {r['runs']} runs, {'/'.join(r['states'])} | {tasks} |")
+            where = ", ".join(f"{part} {took:.1f} s" for part, took in r["split"].items())
+            rows.append(f"| {label} | {r['seconds']:.0f} s | {r['per_hour']:.1f} s | {where} | "
+                        f"{r['runs']} runs, {'/'.join(r['states'])} | {tasks} |")
         unfrozen, final = results["ingested, not frozen"], results["already final"]
         self.add([
             f"### Airflow backfill of `traffic_hourly`: {hours} hours through the REST API",
             "",
             f"The embedded Airflow (`scripts/airflow.sh`, SQLite), its live run of the latest hour waiting for the "
             f"watermark; {self.args.airflow_per_hour:,} records an hour ingested with `traffic ingest` first. "
-            "Tasks that ran (skipped ones cost no process): how many and their mean time from start to end; "
-            "Airflow's start-up of each task and the scheduler's gaps between them are the rest of the hour.",
+            "Where a run's time goes (mean seconds a run): its tasks from start to end (a task's process start-up "
+            "and its own work), the scheduler's gaps inside a run (before, between and after its tasks), and the gap "
+            "from one run's end to the next one's start. Then the tasks that ran: how many, and their mean time.",
             "",
-            "| backfill over hours | whole backfill | per hour | runs | tasks that ran (count × mean) |",
-            "|---|---|---|---|---|",
+            "| backfill over hours | whole backfill | per hour | where a run's time goes | runs | tasks that ran "
+            "(count × mean) |",
+            "|---|---|---|---|---|---|",
             *rows,
             "",
         ], figure("Airflow backfill, ingested hours", f"{unfrozen['per_hour']:.1f} s an hour", "≤ 6 s an hour",
