@@ -75,6 +75,20 @@ def test_environment_names_are_settings_the_code_reads(compose):
     assert '"conn_type": "spark"' in spark_conn and "spark://spark-master" in spark_conn and "local" not in spark_conn
 
 
+def test_airflow_options_set_by_the_stack_and_make_airflow_are_options_airflow_knows(compose):
+    """Airflow ignores an ``AIRFLOW__SECTION__OPTION`` it does not know: a misspelt tuning would do nothing."""
+    from airflow.configuration import retrieve_configuration_description
+
+    known = {(section, option) for section, described in retrieve_configuration_description(include_providers=True).items()
+             for option in described["options"]}
+    names = {key for service in compose["services"].values() for key in (service.get("environment") or {})
+             if key.startswith("AIRFLOW__")}
+    names |= set(re.findall(r"\b(AIRFLOW__[A-Z_]+)(?:=|:-)", (ROOT / "scripts" / "airflow.sh").read_text()))
+    assert "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME" in names and len(names) > 10, names
+    unknown = sorted(name for name in names if tuple(part.lower() for part in name.split("__")[1:3]) not in known)
+    assert unknown == [], f"not Airflow options: {unknown}"
+
+
 def test_volumes_match_the_paths_the_code_is_told(compose):
     for name in ("airflow-scheduler", "spark-worker"):
         service = compose["services"][name]
