@@ -31,3 +31,10 @@ def test_a_backfills_time_splits_into_tasks_gaps_inside_runs_and_gaps_between_ru
     assert split == pytest.approx({"tasks": 1.75, "inside a run": 1.75, "between runs": 6.0})
     per_run = split["tasks"] + split["inside a run"]
     assert per_run * 2 + split["between runs"] == pytest.approx(13.0)  # 10:00:01 → 10:00:14, all accounted for
+
+
+def test_a_backfills_span_ends_with_its_last_run_and_says_when_airflow_marked_it_complete(suite):
+    backfill = {"created_at": "2026-11-26T10:00:00Z", "completed_at": "2026-11-26T10:00:40Z"}
+    runs = [_run("03", "05"), _run("06", "12"), _run("13", "14")]
+    assert suite.backfill_time(backfill, runs) == {"to_last_run": 14.0, "before_first_run": 3.0,
+                                                   "marked_complete_after": 26.0}
