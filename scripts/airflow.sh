@@ -32,8 +32,8 @@ export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__EXECUTOR=LocalExecutor
 export AIRFLOW__CORE__PARALLELISM=${AIRFLOW__CORE__PARALLELISM:-4}
 # The scheduler loops again after 0.1 s when it found nothing to do (Airflow's default: 1 s): each task and
-# each run of a backfill starts up to that much later. Measured here: a 48-hour backfill 2.5 s an hour instead
-# of 4.4 s; an idle Airflow uses 14% of a core instead of 4% (docs/benchmarks.md, issue 26).
+# each run of a backfill starts up to that much later. Measured here: a 48-hour backfill over final hours
+# 2.5–3.1 s an hour instead of 4.4 s; an idle Airflow uses 14% of a core instead of 4% (docs/benchmarks.md).
 export AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME=${AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME:-0.1}
 export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=True
 export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
