@@ -129,7 +129,7 @@ def gates(monkeypatch):
     for name in answers:
         monkeypatch.setattr(dag_support, name, lambda end, name=name: answers[name])
     monkeypatch.setattr(dag_support, "expire_raw_detail",
-                        lambda end: calls.append("expire") or {"expired_hours": 1, "spark_started": False})
+                        lambda end, spark: calls.append("expire") or {"expired_hours": 1, "spark_started": False})
     monkeypatch.setattr(dag_support, "notify_alerts", lambda: calls.append("alerts") or {"sent": 0})
     return SimpleNamespace(answers=answers, calls=calls)
 
@@ -242,3 +242,17 @@ def test_close_steps_run_as_clients_of_an_answering_warm_server(listening, monke
         assert dag_support.CloseSteps(load_settings())("freeze", []) == "warm server"
     assert f"Spark: a client of the warm Spark Connect server {url} (no JVM start in this task): freeze" in caplog.text
     assert "args ['--only', 'freeze']" in caplog.text and f"master {url}" in caplog.text
+
+
+def test_expiry_that_needs_spark_runs_as_a_step_of_the_same_close(monkeypatch, tmp_path, caplog):
+    """With the ``spark`` engine (or an interrupted batch to finish) expiry is a Spark job like the close's other
+    steps, through the same runner: a client of the warm server when one answers, never a JVM in the worker."""
+    from traffic.orchestration import dag_support
+    from traffic.storage import delta
+
+    monkeypatch.setenv("TRAFFIC_WAREHOUSE", str(tmp_path / "warehouse"))
+    monkeypatch.setattr(delta, "choose_engine", lambda settings: "spark")
+    calls = []
+    with caplog.at_level(logging.INFO):
+        assert dag_support.expire_raw_detail(END, spark=_steps(calls))["spark_started"] is True
+    assert calls == [("expire", ["--until", END])] and "expiry needs Spark here (spark engine)" in caplog.text

@@ -185,7 +185,7 @@ class CloseSteps:
 
 def close_interval(interval_end: Any, run_type: Any, spark: Callable[[str, list[str]], str] | None = None) -> dict:
     """The hourly DAG's ``close`` task: every step of an hour's close in one task process (each task costs
-    Airflow about a second to start, and most runs of a backfill only re-check).
+    Airflow about half a second to start, and most runs of a backfill only re-check).
 
     In order, each step only when its check (Arrow, no JVM) says so: freeze (skipped when every hour
     up to the interval end is final; a backfill run freezes every hour the watermark has closed), roll up
@@ -211,7 +211,7 @@ def close_interval(interval_end: Any, run_type: Any, spark: Callable[[str, list[
         if month_closes(end):
             summary["spark"] = spark("months", until)
             summary["rolled_up_month"] = True
-        summary["expire"] = expire_raw_detail(end)
+        summary["expire"] = expire_raw_detail(end, spark)
     finally:
         summary["alerts"] = notify_alerts()  # alerts of the hours published so far, even if a step failed
     done = [said for said, key in (("froze", "froze"), ("rolled up the day", "rolled_up_day"),
@@ -224,7 +224,7 @@ def close_interval(interval_end: Any, run_type: Any, spark: Callable[[str, list[
 
 def say_freeze_bound(run_type: str, interval_end: Any) -> None:
     """Log how far this run's freeze goes: its interval end, or (a backfill run) the watermark."""
-    if run_type == "backfill":  # DagRunType.BACKFILL_JOB's value, as the DAG's template compares it
+    if run_type == "backfill":  # DagRunType.BACKFILL_JOB's value
         log.info("backfill run: freezing every hour the watermark has closed, not only up to %s, so this "
                  "backfill's later runs find their hours final and only re-check them", _fmt(as_utc(interval_end)))
     else:
@@ -313,14 +313,14 @@ def inbox_has_new_files() -> bool:
 
 # -- expiry without a JVM ---------------------------------------------------------------------
 
-def expire_raw_detail(interval_end: Any) -> dict:
+def expire_raw_detail(interval_end: Any, spark: Callable[[str, list[str]], str] | None = None) -> dict:
     """``traffic close --only expire --until <end>``, without a JVM in the worker.
 
     ``traffic.accounting.close.close`` asks for a session before running any non-empty plan, but expiry
     with the ``rs`` engine only removes files through delta-rs and never touches it; so the
     session factory here returns None. When Spark is really needed — the ``spark`` engine, or
-    an interrupted batch to finish first — the same step runs as a Spark job instead
-    (``spark-submit jobs/close.py``, like the other close steps), never inside the worker.
+    an interrupted batch to finish first — the same step runs as a Spark job instead (``spark``, as
+    the close's other steps: a client of the warm server or spark-submit), never inside the worker.
     """
     from traffic.storage.journal import pending_batch  # deferred: DAG files import this module at parse time
     from traffic.app.console import print_close  # deferred: DAG parsing stays light
@@ -336,16 +336,9 @@ def expire_raw_detail(interval_end: Any) -> dict:
         print_close(result)
         return {"expired_hours": result.expired_hours, "spark_started": False,
                 "watermark": result.watermark.isoformat() if result.watermark else None}
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
-    root = Path(__file__).resolve().parents[2]
-    log.info("expiry needs Spark here (%s): submitting jobs/close.py --only expire",
+    log.info("expiry needs Spark here (%s): jobs/close.py --only expire",
              "an interrupted batch is waiting" if pending else "spark engine")
-    SparkSubmitHook(
-        conn_id="spark_default", name="traffic-close-expire", env_vars=spark_submit_env(),
-        conf=spark_submit_conf(quick_by_default=True),
-        application_args=["--until", end.isoformat(), "--only", "expire"],
-    ).submit(str(root / "jobs" / "close.py"))
+    (spark or CloseSteps(settings))("expire", ["--until", end.isoformat()])
     return {"expired_hours": None, "spark_started": True, "watermark": None}
 
 
