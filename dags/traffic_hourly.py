@@ -9,7 +9,7 @@ Each run owns the data interval `[start, end)` of one UTC hour (a real one-hour 
 | `close` | each step only when its check (Arrow, no JVM) says so: **freeze** (`jobs/close.py --until <interval end> --only freeze`: final rows, ledger row and checks of each closed hour) unless every hour up to the interval end is already final — in a **backfill** run, every hour the watermark has closed, so the backfill's first run freezes its whole range in one Spark application and the later runs only re-check; **roll up the day** (`--only days`) only when the interval ends at midnight UTC or a closed day is still waiting (catch-up); **roll up the month** (`--only months`) likewise; **expire** raw detail older than `keep_hours` (in the worker, no JVM with the `rs` engine); then **send the alerts** not sent yet (the `alerts` table, written by the freeze) through an Airflow notifier — mail via the SMTP connection `alerts_smtp_conn_id` when configured, else a log line each; each alert once, across reruns and backfills; sent even when a step before failed. Its XCom (`return_value`) says what the run did: `froze`, `rolled_up_day`, `rolled_up_month`, `spark` (`warm server`, `spark-submit`, or none), `expire`, `alerts` | only for a step that runs |
 | `publish_data_quality` | reads the interval's ledger rows; **fails** if any has `dq_status = failed`, logs a summary | no |
 
-Three tasks, not one per step: Airflow's start-up of a task costs about a second, and most runs
+Three tasks, not one per step: Airflow's start-up of a task costs about half a second, and most runs
 of a backfill only re-check (issue 26); the `close` task's log and XCom keep each step visible.
 
 Choices:
