@@ -131,19 +131,30 @@ def _as_client(application: str, args: list[str], env: Mapping[str, str], shown:
             process.wait()
 
 
+def _spark_way(settings) -> tuple[str, str] | None:
+    """The answering warm server (URL with its token, and its name for a log), or None for spark-submit;
+    the task log says which Delta engine runs, which way Spark runs and why."""
+    _say_delta_engine(settings)
+    return _warm_server(settings)
+
+
+def _on_warm_server(warm: tuple[str, str], application: str, args: list[str], env: Mapping[str, str],
+                    step: str = "") -> None:
+    """Run ``application args`` as a client of the warm server ``warm`` (from ``_spark_way``)."""
+    url, shown = warm
+    log.info("Spark: a client of the warm Spark Connect server %s (no JVM start in this task)%s", shown,
+             f": {step}" if step else "")
+    _as_client(application, args, {**os.environ, **env, "TRAFFIC_SPARK_MASTER": url}, shown)
+
+
 def run_spark_step(task, submit: Callable[[], Any]) -> Any:
     """``execute`` of a DAG's Spark step: its job as a client of the warm Spark Connect server (setting
     ``spark_connect``) while that server answers, so the task starts no JVM; else ``submit()``, the
     operator's own spark-submit. The task log says which, and why."""
-    settings = settings_from_env()
-    _say_delta_engine(settings)
-    warm = _warm_server(settings)
+    warm = _spark_way(settings_from_env())
     if warm is None:
         return submit()
-    url, shown = warm
-    log.info("Spark: a client of the warm Spark Connect server %s (no JVM start in this task)", shown)
-    _as_client(task.application, list(task.application_args or []),
-               {**os.environ, **(task.env_vars or {}), "TRAFFIC_SPARK_MASTER": url}, shown)
+    _on_warm_server(warm, task.application, list(task.application_args or []), task.env_vars or {})
     return None
 
 
@@ -162,14 +173,10 @@ class CloseSteps:
     def __call__(self, step: str, bound: list[str]) -> str:
         """``close.py <bound> --only <step>``; returns how it ran ("warm server" or "spark-submit")."""
         if self._warm is False:
-            _say_delta_engine(self.settings)
-            self._warm = _warm_server(self.settings)
+            self._warm = _spark_way(self.settings)
         args = [*bound, "--only", step]
         if self._warm:
-            url, shown = self._warm
-            log.info("Spark: a client of the warm Spark Connect server %s (no JVM start in this task): %s",
-                     shown, step)
-            _as_client(str(CLOSE_JOB), args, {**os.environ, **spark_submit_env(), "TRAFFIC_SPARK_MASTER": url}, shown)
+            _on_warm_server(self._warm, str(CLOSE_JOB), args, spark_submit_env(), step)
             return "warm server"
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
