@@ -9,8 +9,12 @@ produced it, and a later edit of the file cannot pass for the same version.
 
 * Longest prefix wins, across accounts: ``10.1.0.0/16`` of one account carves its block
   out of another account's ``10.0.0.0/8``. An address no block covers is ``unassigned``,
-  and so is a null or unparsable address. IPv4-mapped IPv6 addresses are IPv6 addresses
-  (as in ``traffic.io.captures``): they match IPv6 blocks only.
+  and so is a null or unparsable address. Addresses are looked up in their stored form
+  (``canonical_ip``), where an IPv4-mapped IPv6 address is the IPv4 host it maps; so an IPv4-mapped
+  block (``::ffff:10.0.0.0/104``) is read as the IPv4 block it maps (``10.0.0.0/8``): kept as IPv6
+  it would never match a stored address.
+* An account name is printed on bills, in alert mails and in file names: one with a control or
+  format character (a newline, a bidi override, a zero-width space) is refused on load.
 * A version may set **limits** per account (``[version.limits.<account>]``): ``quota_bytes``
   (``bytes_total`` per billing period) and ``commit_bps`` (the committed rate the 95th
   percentile is billed against). Alerts are raised when the final panes cross them
@@ -30,6 +34,7 @@ import ipaddress
 import json
 import re
 import tomllib
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
 from pathlib import Path
@@ -49,6 +54,9 @@ LIMIT_KEYS = ("quota_bytes", "commit_bps")
 # Exactly the dotted quads Python's ipaddress accepts (no leading zeros, octets <= 255).
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4 = rf"^{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}$"
+#: Unicode categories an account name may not use: controls, format characters (bidi overrides, zero
+#: width), line and paragraph separators, surrogates.
+_CONTROL_CATEGORIES = {"Cc", "Cf", "Zl", "Zp", "Cs"}
 _VERSION_HEADER = re.compile(r"^\s*\[\[\s*version\s*\]\]")
 
 
@@ -285,6 +293,11 @@ def _parse_version(entry: Mapping[str, Any], number: int, where: _Where) -> Acco
         if not account.strip() or account != account.strip():
             raise where.error(number, f"{label}: account name {account!r} is empty or has surrounding spaces",
                               key=account)
+        control = _control_characters(account)
+        if control:
+            raise where.error(number, f"{label}: account name {account!r} has a control character ({control}); a "
+                                      f"name is printed on bills, in alert mails and in file names: remove it",
+                              key=account)
         if account.lower() == UNASSIGNED:
             raise where.error(number, f"{label}: account name {account!r} is reserved for addresses no block "
                                       f"covers", key=account)
@@ -304,6 +317,16 @@ def _parse_version(entry: Mapping[str, Any], number: int, where: _Where) -> Acco
         blocks[account] = tuple(networks)
     return AccountVersion(name, effective_from, blocks, _parse_limits(entry.get("limits"), blocks, label, number,
                                                                       where))
+
+
+def _control_characters(name: str) -> str:
+    """The control and format characters of ``name``, escaped (empty when it has none).
+
+    A newline in a name breaks a mail's header and a log line; a bidi override or zero-width
+    character makes one name look like another on a bill. Spaces of any script are fine.
+    """
+    found = dict.fromkeys(char for char in name if unicodedata.category(char) in _CONTROL_CATEGORIES)
+    return ", ".join(char.encode("unicode_escape").decode("ascii") for char in found)
 
 
 def _parse_limits(value: Any, accounts: Mapping[str, tuple[str, ...]], label: str, number: int,
@@ -340,15 +363,27 @@ def _parse_block(value: Any, label: str, number: int, where: _Where) -> ipaddres
     if not isinstance(value, str):
         raise where.error(number, f"{label}: {value!r} is not a CIDR block in quotes (\"10.1.0.0/16\")", value=value)
     try:
-        return ipaddress.ip_network(value)
+        return _ipv4_if_mapped(ipaddress.ip_network(value))
     except ValueError:
         pass
     try:
-        network = ipaddress.ip_network(value, strict=False)
+        network = _ipv4_if_mapped(ipaddress.ip_network(value, strict=False))
     except ValueError:
         raise where.error(number, f"{label}: {value!r} is not a CIDR block (e.g. 10.1.0.0/16, 2001:db8:1::/48)",
                           value=value) from None
     raise where.error(number, f"{label}: {value!r} has host bits set; did you mean {str(network)!r}?", value=value)
+
+
+def _ipv4_if_mapped(network: ipaddress.IPv4Network | ipaddress.IPv6Network
+                    ) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """An IPv4-mapped block (``::ffff:10.0.0.0/104``) as the IPv4 block it maps (``10.0.0.0/8``).
+
+    Addresses are stored as the IPv4 host a mapped address maps (``canonical_ip``), so a mapped block
+    kept as IPv6 would never match anything.
+    """
+    if network.version == 6 and network.prefixlen >= 96 and network.network_address.ipv4_mapped is not None:
+        return ipaddress.IPv4Network((network.network_address.ipv4_mapped, network.prefixlen - 96))
+    return network
 
 
 def _parse_effective_from(value: Any, number: int, where: _Where) -> datetime:
