@@ -7,7 +7,11 @@ and otherwise writes one log line per alert. ``notify_pending`` hands it the ale
 in ``<warehouse>/_traffic/alerts-sent.json`` yet and records each id there as soon as it is sent,
 so a rerun, a backfill of the same hours or a replay that recomputes the same alerts (same ids)
 sends nothing new. A crash between a send and its record can send that one alert again: at least
-once, never lost. Alert text is data, never a Jinja template (the notifier templates no field).
+once, never lost. Alert text is data, never a Jinja template (the notifier templates no field), and
+an account's name is escaped in the mail's subject (a newline there would end the header). One alert
+the mail server refuses is logged with its reason and not recorded, and the alerts after it are
+still mailed; at the end ``AlertsNotSent`` counts the failures, so the task fails and its retry (or
+the next run) sends just those.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from airflow.sdk import BaseNotifier
+
+from traffic.core.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +47,10 @@ def describe(alert: dict) -> str:
             f"{alert['alert_id']})")
 
 
+class AlertsNotSent(RuntimeError):
+    """Some alerts were not mailed (each logged with its reason); the others were, and are recorded."""
+
+
 class AlertNotifier(BaseNotifier):
     """Mails each alert through an SMTP connection when one is configured (and recipients given), else logs it.
 
@@ -58,6 +68,7 @@ class AlertNotifier(BaseNotifier):
         self.from_email = from_email
         self.on_sent = on_sent or (lambda alert_id: None)
         self.channel = None  # "smtp" or "log", once notified
+        self.failed: list[tuple[str, str]] = []  # (alert id, why) of each alert not mailed
 
     def smtp_configured(self) -> bool:
         """Whether the SMTP connection exists (Airflow's connections: metadata DB, secrets, AIRFLOW_CONN_*)."""
@@ -77,7 +88,7 @@ class AlertNotifier(BaseNotifier):
             self.channel = "log"
             why = "no alerts_email_to" if not self.to else f"no SMTP connection {self.smtp_conn_id!r}"
             for alert in self.alerts:
-                self.log.warning("%s [not mailed: %s]", describe(alert), why)
+                self.log.warning("%s [not mailed: %s]", printable(describe(alert)), why)
                 self.on_sent(alert["alert_id"])
             return
         from airflow.providers.smtp.hooks.smtp import SmtpHook
@@ -86,12 +97,27 @@ class AlertNotifier(BaseNotifier):
         with SmtpHook(smtp_conn_id=self.smtp_conn_id) as hook:
             sender = self.from_email or hook.from_email or "traffic@localhost"
             for alert in self.alerts:
-                hook.send_email_smtp(to=list(self.to), from_email=sender,
-                                     subject=f"[traffic] {alert['kind']} alert: {alert['account']} "
-                                             f"({alert['period']})",
-                                     html_content=f"<p>{html.escape(describe(alert))}</p>")
-                self.log.info("mailed: %s", describe(alert))
-                self.on_sent(alert["alert_id"])
+                self._mail_one(hook, sender, alert)
+        if self.failed:
+            alert_id, reason = self.failed[0]
+            raise AlertsNotSent(f"{len(self.failed)} of {len(self.alerts)} alert(s) not mailed (the next run sends "
+                                f"them again); first: {alert_id}: {reason}")
+
+    def _mail_one(self, hook, sender: str, alert: dict) -> None:
+        """Mail one alert; a failure is logged and counted, never stops the alerts after it."""
+        try:
+            # The subject is a mail header: the account's name escaped (a newline in it would end the header).
+            hook.send_email_smtp(to=list(self.to), from_email=sender,
+                                 subject=f"[traffic] {alert['kind']} alert: {printable(alert['account'])} "
+                                         f"({alert['period']})",
+                                 html_content=f"<p>{html.escape(describe(alert))}</p>")
+        except Exception as error:  # noqa: BLE001 - one alert's mail; the others still go
+            reason = printable(f"{type(error).__name__}: {error}")
+            self.failed.append((alert["alert_id"], reason))
+            self.log.error("not mailed: %s: %s", printable(describe(alert)), reason)
+            return
+        self.log.info("mailed: %s", printable(describe(alert)))
+        self.on_sent(alert["alert_id"])
 
 
 # -- the record of sent alerts -----------------------------------------------------------------
@@ -146,7 +172,9 @@ def notify_pending(settings, context=None) -> dict:
             _record_sent(warehouse, sent)
 
         notifier = AlertNotifier(pending, settings.alerts_smtp_conn_id, settings.alerts_email_to, on_sent=record)
-        notifier(dict(context or {}))
-    log.info("alerts: %d sent (%s), %d sent before", len(now_sent), notifier.channel or "nothing new",
-             len(sent) - len(now_sent))
+        try:
+            notifier(dict(context or {}))
+        finally:  # also when some were not mailed (AlertsNotSent: the task fails, its retry sends them)
+            log.info("alerts: %d sent (%s), %d not sent, %d sent before", len(now_sent),
+                     notifier.channel or "nothing new", len(notifier.failed), len(sent) - len(now_sent))
     return {"sent": now_sent, "channel": notifier.channel}
