@@ -5,7 +5,9 @@ rate per 5-minute pane over the whole period (in and out, a missing pane is 0) w
 95th percentile drawn as a labelled line, and the account's monthly totals. A period whose bills are
 stored shows the stored rows, marked final; any other period is computed from its final panes the
 way ``traffic bill`` does, marked provisional. Like the rest of the report: Arrow reads only, inline
-CSS and SVG, no script, no network, exact values in ``data-*`` attributes.
+CSS and SVG, no script, no network, exact values in ``data-*`` attributes. A page's file name is the
+account's name escaped for any file system and URL, cut and given a hash of the whole name when it
+would pass ``MAX_PAGE_NAME`` bytes (``page_name``), so no account name can stop the report.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ PLOT_WIDTH = 870
 DIRECTION_COLOURS = {"in": "#1f5f99", "out": "#d9822b"}
 #: Part of every ``DerivedCache`` fingerprint here: change it when a chart or the monthly totals change form.
 CACHE_FORMAT = 1
+#: The longest bill page name, in bytes: a file name may have 255, and the page's temporary name
+#: (``.<name>.tmp``) and its chart's cache entry (``.chart-<period>-<name>.svg.tmp``) add up to 23.
+MAX_PAGE_NAME = 200
 BILL_CSS = """
 .chart .rate{fill:none;stroke-width:1}.chart .p95{stroke-width:1.5;stroke-dasharray:6 3}
 .chart .pl{font-size:11px;font-weight:600}.badge.final{background:#2f7d4f}.badge.provisional{background:#c98a00}
@@ -71,10 +76,23 @@ def human_bps(value: float) -> str:
 
 
 def page_name(account: str | None) -> str:
-    """A file name for an account that is safe on any file system and in a URL."""
+    """A file name for an account that is safe on any file system and in a URL, and at most
+    ``MAX_PAGE_NAME`` bytes whatever the account's name.
+
+    Every byte but ``A-Za-z0-9_-`` is written ``~xx``, so a 32-character name in a non-Latin script
+    takes 288 bytes or more, past the 255 a file name may have. A name whose escaped form does not fit
+    is cut (at an escape's boundary) and followed by ``.`` and 20 hex digits of a SHA-256 of the whole
+    name: still unique (an escaped form has no ``.``, so it never equals a cut one) and the same on
+    every run; a name that fits keeps the page name it always had.
+    """
     name = "(none)" if account is None else account
     safe = re.sub(r"[^A-Za-z0-9_-]", lambda m: "".join(f"~{b:02x}" for b in m.group().encode()), name)
-    return f"{safe}.html"
+    if len(safe) + len(".html") <= MAX_PAGE_NAME:
+        return f"{safe}.html"
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+    cut = MAX_PAGE_NAME - len(f".{digest}.html")
+    cut -= 2 if safe[cut - 2:cut - 1] == "~" else 1 if safe[cut - 1:cut] == "~" else 0  # never half an escape
+    return f"{safe[:cut]}.{digest}.html"
 
 
 # -- data --------------------------------------------------------------------------------------
