@@ -12,6 +12,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from traffic.app.collect import DEFAULT_LISTEN, Collector, CollectOptions, build_options, recover
+from traffic.app.collect import (DEFAULT_LISTEN, REFUSED_SENDERS, CollectError, Collector, CollectOptions, Endpoint,
+                                 build_options, recover, sender_allowed)
+from traffic.core.settings import load_settings
 from traffic.io.datagrams import PCAP_HEADER, datagram_record
 from traffic.io.inbox import scan
 
@@ -308,3 +311,169 @@ def test_command_refuses_with_one_line(case, tmp_path):
     lines = [line for line in err.splitlines() if line.strip()]
     assert process.returncode == 2, err
     assert len(lines) == 1 and lines[0].startswith("traffic collect: error:") and expect in lines[0], err
+
+
+# -- who may export (DESIGN §7a) --------------------------------------------------------------------
+def claim(number: int) -> bytes:
+    """A datagram as a spoofer would send it: a NetFlow v5 header and one record of 10**12 octets (what it
+    claims does not matter here: the collector decodes nothing; only who sent it does)."""
+    header = struct.pack("!HHIIIIBBH", 5, 1, 0, int(time.time()), 0, number, 0, 0, 0)
+    record = struct.pack("!4s4s4sHHIIIIHHBBBBHHBBH", bytes([192, 0, 2, 7]), bytes([198, 51, 100, 1]), bytes(4),
+                         0, 0, 1, 10**12 % 2**32, 0, 0, 1234, 80, 0, 0, 6, 0, 0, 0, 0, 0, 0)
+    return header + record
+
+
+def refused_of(status: dict) -> dict:
+    return {address: entry["datagrams"] for address, entry in status["refused"]["senders"].items()}
+
+
+def test_only_allowed_exporters_land_and_every_other_sender_is_counted(tmp_path):
+    port = free_udp_port()
+    sent = []
+    with collecting(tmp_path / "inbox", {"127.0.0.3": "named-is-not-allowed"}, listen=[f"127.0.0.1:{port}"],
+                    allow=["127.0.0.2/32"]) as collector:
+        good, spoofed, other = exporter("127.0.0.2"), exporter("127.0.0.3"), exporter("127.0.0.4")
+        for i in range(20):
+            good.sendto(struct.pack("!I", i), ("127.0.0.1", port))
+            sent.append(struct.pack("!I", i))
+            spoofed.sendto(claim(i), ("127.0.0.1", port))
+            if i % 4 == 0:
+                other.sendto(claim(i), ("127.0.0.1", port))
+        wait_for(lambda: collector.totals()[0] == 20 and collector.refused_totals()[0] == 25, what="every datagram")
+        status = collector.status()
+    assert sorted(files_of(tmp_path / "inbox")) == ["127.0.0.2"], "a sender outside allowed_exporters was written"
+    assert [r[5] for r in read_pcap(files_of(tmp_path / "inbox")["127.0.0.2"][0])] == sent
+    assert refused_of(status) == {"127.0.0.3": 20, "127.0.0.4": 5}
+    assert status["refused"]["senders"]["127.0.0.3"]["bytes"] == 20 * len(claim(0))
+    assert status["refused"]["datagrams"] == 25 and status["refused"]["others"]["datagrams"] == 0
+    assert status["allowed_exporters"] == ["127.0.0.2/32"]
+    assert list(status["exporters"]) == ["127.0.0.2"] and status["datagrams"] == 20
+    assert any("dropping datagrams from 127.0.0.3: not in allowed_exporters" in line for line in collector.lines), \
+        collector.lines
+
+
+def test_three_hundred_spoofed_senders_cost_a_bounded_table(tmp_path):
+    port, senders = free_udp_port(), [f"127.0.{1 + n // 250}.{1 + n % 250}" for n in range(300)]
+    with collecting(tmp_path / "inbox", listen=[f"127.0.0.1:{port}"], allow=["127.0.0.2/32"]) as collector:
+        good = exporter("127.0.0.2")
+        for n, address in enumerate(senders):
+            with exporter(address) as sock:
+                sock.sendto(claim(n), ("127.0.0.1", port))
+                sock.sendto(claim(n), ("127.0.0.1", port))
+            if n % 30 == 0:
+                good.sendto(struct.pack("!I", n), ("127.0.0.1", port))
+                wait_for(lambda: collector.refused_totals()[0] == 2 * (n + 1), what="the spoofed datagrams so far")
+        wait_for(lambda: collector.totals()[0] == 10 and collector.refused_totals()[0] == 600, what="every datagram")
+        status = collector.status()
+    assert REFUSED_SENDERS < len(senders)
+    assert len(collector.refused) == REFUSED_SENDERS == status["refused"]["senders_counted_max"]
+    assert refused_of(status) == {address: 2 for address in senders[:REFUSED_SENDERS]}
+    assert status["refused"]["others"]["datagrams"] == 2 * (len(senders) - REFUSED_SENDERS)
+    assert status["refused"]["datagrams"] == 600
+    assert list(collector.exporters) == ["127.0.0.2"], "a spoofed sender became an exporter"
+    assert sorted(files_of(tmp_path / "inbox")) == ["127.0.0.2"]
+    assert len(read_pcap(files_of(tmp_path / "inbox")["127.0.0.2"][0])) == 10
+
+
+def test_an_ipv4_mapped_block_takes_the_ipv4_sender(tmp_path):
+    port = free_udp_port()
+    with collecting(tmp_path / "inbox", listen=[f"127.0.0.1:{port}"], allow=["::ffff:127.0.0.2/128"]) as collector:
+        exporter("127.0.0.2").sendto(b"mapped", ("127.0.0.1", port))
+        exporter("127.0.0.3").sendto(b"not", ("127.0.0.1", port))
+        wait_for(lambda: collector.totals()[0] == 1 and collector.refused_totals()[0] == 1, what="both datagrams")
+    assert sorted(files_of(tmp_path / "inbox")) == ["127.0.0.2"]
+    # An IPv4-mapped sender (a dual-stack socket's view) and a block left in IPv6 form both match as IPv4.
+    mapped_block = [ipaddress.ip_network("::ffff:10.0.0.0/104")]
+    assert sender_allowed("10.1.2.3", mapped_block) and not sender_allowed("11.1.2.3", mapped_block)
+    assert sender_allowed("10.1.2.3", [ipaddress.ip_network("10.0.0.0/8")])
+    assert not sender_allowed("2001:db8::1", [ipaddress.ip_network("10.0.0.0/8")])
+    env = load_settings(environ={"TRAFFIC_ALLOWED_EXPORTERS": "::ffff:10.0.0.0/104, 192.0.2.1,2001:db8::/32"})
+    assert env.allowed_exporters == ("10.0.0.0/8", "192.0.2.1/32", "2001:db8::/32")
+
+
+def test_a_listen_other_machines_reach_needs_allowed_exporters_or_allow_any(tmp_path):
+    # build_options binds nothing: these only decide
+    assert build_options(listen=["0.0.0.0:2055"], allow=["192.0.2.0/24"]).allow == (ipaddress.ip_network("192.0.2.0/24"),)
+    assert build_options(listen=["[::]:2055"], allow_any=True).allow_any
+    assert build_options(listen=["127.0.0.1:2055", "[::1]:2055"]).allow == ()
+    for kwargs, expect in (({"listen": ["0.0.0.0:2055"]}, "reachable from other machines"),
+                           ({"listen": ["127.0.0.1:2055", "[::]:2055"]}, "--listen [::]:2055 is reachable"),
+                           ({"listen": ["0.0.0.0:2055"], "allow": ["10.0.0.0/8"], "allow_any": True}, "give one"),
+                           ({"allow": ["router"]}, "'router' is not a CIDR network")):
+        with pytest.raises(CollectError, match=re.escape(expect)):
+            build_options(**kwargs)
+    # In-process too, and before anything is bound: the port stays free.
+    port = free_udp_port()
+    options = CollectOptions(listen=(Endpoint("0.0.0.0", port),))
+    with pytest.raises(CollectError, match="reachable from other machines"):
+        Collector(tmp_path / "inbox", {}, options, log=lambda line: None).start()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", port))
+
+
+def test_command_refuses_a_listen_on_every_address_without_the_list_before_binding(tmp_path):
+    # The port is held on 127.0.0.1, so binding 0.0.0.0 would fail with "in use": the refusal must come first.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        process = traffic("collect", "--inbox", str(tmp_path / "inbox"), "--listen", f"0.0.0.0:{busy.getsockname()[1]}",
+                          env={k: v for k, v in os.environ.items() if k != "TRAFFIC_ALLOWED_EXPORTERS"})
+        out, err = process.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert process.returncode == 2, err
+    assert len(lines) == 1 and lines[0].startswith("traffic collect: error: --listen 0.0.0.0:") \
+        and "reachable from other machines" in lines[0] and "--allow-any" in lines[0], err
+    assert not (tmp_path / "inbox").exists()
+
+
+def test_command_with_allow_counts_refused_senders_in_status_log_and_metrics(tmp_path):
+    inbox, status, port, metrics = tmp_path / "inbox", tmp_path / "status.json", free_udp_port(), free_tcp_port()
+    process = traffic("collect", "--inbox", str(inbox), "--listen", f"127.0.0.1:{port}", "--status", str(status),
+                      "--allow", "127.0.0.2/32,192.0.2.0/24", "--rotate", "2s", "--status-every", "0.2",
+                      "--log-every", "1s", "--flush", "0.05", "--metrics", f"127.0.0.1:{metrics}")
+    try:
+        wait_for(status.exists, what="the status file")
+        good, spoofed = exporter("127.0.0.2"), exporter("127.0.0.3")
+        for i in range(9):
+            good.sendto(struct.pack("!I", i), ("127.0.0.1", port))
+        for i in range(7):
+            spoofed.sendto(claim(i), ("127.0.0.1", port))
+        doc = wait_for(lambda: (d := json.loads(status.read_text()))["datagrams"] == 9 and d["refused"]["datagrams"] == 7
+                       and d, what="the counts in the status")
+        assert refused_of(doc) == {"127.0.0.3": 7} and doc["allowed_exporters"] == ["127.0.0.2/32", "192.0.2.0/24"]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read().decode()
+        assert 'traffic_collect_refused_datagrams_total{sender="127.0.0.3"} 7.0' in text, text
+        wait_for(lambda: len(files_of(inbox).get("127.0.0.2", [])) >= 1, what="a 2 s rotation")
+        time.sleep(1.2)  # one status line on stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert "taking datagrams only from 127.0.0.2/32, 192.0.2.0/24" in err, err
+    assert "dropped 7 datagrams of 1 sender(s) not in allowed_exporters" in err, err
+    assert "a file per source every 2 s" in err, err
+    assert sorted(files_of(inbox)) == ["127.0.0.2"]
+    assert sum(len(read_pcap(path)) for path in files_of(inbox)["127.0.0.2"]) == 9
+
+
+# -- periods: bare seconds or durations, as every other duration of the project ----------------------
+def test_periods_take_bare_seconds_and_durations():
+    options = build_options(rotate="2s", flush="0.05", status_every="1m", log_every="0")
+    assert (options.rotate, options.flush, options.status_every, options.log_every) == (2.0, 0.05, 60.0, 0.0)
+    options = build_options(rotate="15m", flush=1, status_every=5.0, log_every="2h")
+    assert (options.rotate, options.flush, options.status_every, options.log_every) == (900.0, 1.0, 5.0, 7200.0)
+    assert build_options(rotate=" 90 ").rotate == 90.0
+
+
+@pytest.mark.parametrize("name, value, expect", [
+    ("rotate", "0.5", "--rotate 0.5: must be from 1 s to 24 h"),
+    ("rotate", "2d", "--rotate 2d: must be from 1 s to 24 h"),
+    ("rotate", "99999999999d", "must be from 1 s"),
+    ("rotate", "2x", "--rotate: '2x' is not a duration"),
+    ("flush", "inf", "--flush 'inf': not a duration"),
+    ("flush", "nan", "--flush 'nan': not a duration"),
+    ("status_every", "-1", "--status-every: '-1' is not a duration"),
+    ("flush", "0s", "--flush 0s: must be from 0.01 s"),
+])
+def test_periods_out_of_range_are_refused_with_their_name(name, value, expect):
+    with pytest.raises(CollectError, match=re.escape(expect)):
+        build_options(**{name: value})

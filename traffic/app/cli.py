@@ -434,8 +434,10 @@ def cmd_collect(args, settings, spark) -> int:
     """Receive flow telemetry over UDP into the inbox until SIGTERM or Ctrl-C (docs/collect.md)."""
     from traffic.app.collect import build_options, run  # deferred: per command (see the docstring)
 
+    # --allow replaces the allowed_exporters setting (config < environment < command line)
+    allow = [block for text in args.allow for block in text.split(",")] if args.allow else settings.allowed_exporters
     options = build_options(args.listen, args.rotate, args.flush, args.flush_datagrams, args.rcvbuf, args.status,
-                            args.status_every, args.log_every, args.metrics)
+                            args.status_every, args.log_every, args.metrics, allow, args.allow_any)
     return run(settings.inbox, settings.exporters, options)
 
 
@@ -559,16 +561,23 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--listen", action="append", metavar="HOST:PORT",
                          help="address and UDP port to listen on, [v6]:port for IPv6 (repeatable; default "
                               "127.0.0.1:2055, 127.0.0.1:4739 and 127.0.0.1:6343: loopback only)")
-    collect.add_argument("--rotate", type=float, default=60.0, help="seconds per file and source (default 60)")
-    collect.add_argument("--flush", type=float, default=1.0,
-                         help="seconds between hand-overs to the OS: what a SIGKILL may lose (default 1)")
+    collect.add_argument("--allow", action="append", metavar="BLOCKS",
+                         help="address blocks whose datagrams are taken, e.g. 192.0.2.0/24,2001:db8::1 (repeatable; "
+                              "replaces the allowed_exporters setting); others are dropped and counted")
+    collect.add_argument("--allow-any", action="store_true",
+                         help="take datagrams from any sender, also on an address other machines reach")
+    collect.add_argument("--rotate", default="60", help="period per file and source: seconds or 90s, 15m, 1h "
+                                                        "(default 60)")
+    collect.add_argument("--flush", default="1",
+                         help="seconds (0.05) or a duration (2s, 1m) between hand-overs to the OS: what a SIGKILL "
+                              "may lose (default 1)")
     collect.add_argument("--flush-datagrams", type=int, default=10_000,
                          help="hand over to the OS after this many datagrams too (default 10000)")
     collect.add_argument("--rcvbuf", default="32M", help="socket receive buffer to ask for, per address (default 32M)")
     collect.add_argument("--status", help="JSON status file, rewritten atomically every --status-every seconds")
-    collect.add_argument("--status-every", type=float, default=5.0, help="seconds between status files (default 5)")
-    collect.add_argument("--log-every", type=float, default=60.0,
-                         help="seconds between status lines on stderr (default 60; 0: none)")
+    collect.add_argument("--status-every", default="5", help="seconds or a duration between status files (default 5)")
+    collect.add_argument("--log-every", default="60",
+                         help="seconds or a duration between status lines on stderr (default 60; 0: none)")
     collect.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here (e.g. 127.0.0.1:9155)")
     return parser
 

@@ -26,6 +26,7 @@ import errno
 import fcntl
 import ipaddress
 import json
+import math
 import mmap
 import os
 import re
@@ -41,11 +42,19 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from traffic.core.records import canonical_ip
+# The setting's own parsers, so ``--allow`` reads blocks and ``--rotate`` durations exactly as the settings do.
+from traffic.core.settings import SettingsError, _parse_exporter_blocks, parse_duration
 from traffic.io.datagrams import MAX_DATAGRAM, PCAP_HEADER, datagram_record
 
 #: Where flow telemetry usually arrives: NetFlow (2055), IPFIX (4739), sFlow (6343); loopback only.
 DEFAULT_LISTEN = ("127.0.0.1:2055", "127.0.0.1:4739", "127.0.0.1:6343")
 MIB = 1 << 20
+#: Senders outside ``allowed_exporters`` counted one by one; the datagrams of any further sender are
+#: counted together as ``others``, so a flood of spoofed addresses costs a fixed amount of memory.
+REFUSED_SENDERS = 256
+#: The longest ``--rotate``, ``--flush``, ``--status-every`` and ``--log-every``: the loop waits at most this
+#: long at a time, and the kernel's wait takes at most about 24 days.
+_LONGEST_PERIOD = 86_400.0
 
 # Linux socket options the ``socket`` module does not name (asm-generic/socket.h, linux/in.h).
 _SO_TIMESTAMP = getattr(socket, "SO_TIMESTAMP", 29)
@@ -121,6 +130,59 @@ def parse_size(name: str, text: str) -> int:
     return int(match.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[match.group(2).lower()]
 
 
+def parse_seconds(name: str, value, least: float, zero: bool = False) -> float:
+    """Seconds from bare seconds (``2``, ``0.05``) or a duration (``90s``, ``15m``, ``2h``): the settings'
+    ``parse_duration``, so every duration of the project is written alike; a number is taken as it is
+    so fractions of a second stay possible. ``zero``: 0 is allowed too (it means "never")."""
+    text = str(value).strip()
+    try:
+        number = float(text)
+    except ValueError:
+        number = None
+    if number is not None and not math.isfinite(number):
+        raise CollectError(f"{name} {text!r}: not a duration (use seconds, or 90s, 15m, 2h)")
+    try:
+        seconds = parse_duration(name, number if number is not None and number >= 0 else text).total_seconds()
+    except SettingsError as error:
+        raise CollectError(str(error)) from None
+    except OverflowError:
+        seconds = math.inf
+    if zero and seconds == 0:
+        return 0.0
+    if not least <= seconds <= _LONGEST_PERIOD:
+        raise CollectError(f"{name} {text}: must be from {least:g} s to {_LONGEST_PERIOD / 3600:g} h")
+    return seconds
+
+
+def parse_allowed(name: str, blocks) -> tuple:
+    """Address blocks (``ipaddress`` networks) from the setting's text or list, checked as the setting checks it."""
+    try:
+        return tuple(ipaddress.ip_network(block) for block in _parse_exporter_blocks(name, list(blocks or ())))
+    except SettingsError as error:
+        raise CollectError(str(error)) from None
+
+
+def sender_allowed(address: str, blocks) -> bool:
+    """Whether a sender's canonical address lies in one of the blocks. An IPv4 sender also matches an
+    IPv4-mapped IPv6 block (``::ffff:10.0.0.0/104``), whichever family its socket had."""
+    ip = ipaddress.ip_address(address)
+    forms = (ip, ipaddress.IPv6Address(f"::ffff:{ip}")) if ip.version == 4 else (ip,)
+    return any(form in block for block in blocks for form in forms if form.version == block.version)
+
+
+def check_who_may_export(options: "CollectOptions") -> None:
+    """A listen other machines can reach needs ``allowed_exporters`` or an explicit ``--allow-any``
+    (DESIGN §7a): UDP senders can be spoofed, and every sender would otherwise become a source.
+    Loopback-only listens need neither: only this machine reaches them."""
+    if options.allow and options.allow_any:
+        raise CollectError("--allow-any and allowed_exporters (--allow) say opposite things: give one of them")
+    exposed = [endpoint for endpoint in options.listen if not endpoint.loopback]
+    if exposed and not options.allow and not options.allow_any:
+        raise CollectError(f"--listen {exposed[0]} is reachable from other machines: say which exporters may send "
+                           "(--allow 192.0.2.0/24, the allowed_exporters setting or TRAFFIC_ALLOWED_EXPORTERS), "
+                           "or take any sender with --allow-any")
+
+
 def source_folder(address: str) -> str:
     """The inbox folder of an exporter with no name in ``exporters``: its canonical address, with the
     colons of an IPv6 address written as ``-`` (``2001:db8::1`` → ``2001-db8--1``), since a colon in a
@@ -142,24 +204,34 @@ class CollectOptions:
     status_every: float = 5.0
     log_every: float = 60.0
     metrics: Endpoint | None = None
+    allow: tuple = ()  # ``ipaddress`` networks: the only senders taken (empty: every sender, loopback only)
+    allow_any: bool = False  # every sender, also on a listen other machines reach (``--allow-any``)
+    refused_senders: int = REFUSED_SENDERS
 
 
-def build_options(listen: list[str] | None = None, rotate: float = 60.0, flush: float = 1.0,
+def build_options(listen: list[str] | None = None, rotate: float | str = 60.0, flush: float | str = 1.0,
                   flush_datagrams: int = 10_000, rcvbuf: str = "32M", status: str | None = None,
-                  status_every: float = 5.0, log_every: float = 60.0, metrics: str | None = None) -> CollectOptions:
-    """Checked options from the command line's values (a ``CollectError`` names the one to fix)."""
+                  status_every: float | str = 5.0, log_every: float | str = 60.0, metrics: str | None = None,
+                  allow=(), allow_any: bool = False) -> CollectOptions:
+    """Checked options from the command line's values (a ``CollectError`` names the one to fix).
+
+    Periods are bare seconds or durations (``2s``, ``15m``); ``allow`` is address blocks (the
+    ``allowed_exporters`` setting, or ``--allow``)."""
     endpoints = tuple(parse_listen(text) for text in (listen or DEFAULT_LISTEN))
     repeated = sorted({str(e) for e in endpoints if endpoints.count(e) > 1})
     if repeated:
         raise CollectError(f"--listen {repeated[0]} is given twice")
-    for name, value, least in (("--rotate", rotate, 1.0), ("--flush", flush, 0.01), ("--status-every", status_every, 0.1)):
-        if not value >= least:
-            raise CollectError(f"{name} {value:g}: must be at least {least:g} s")
+    rotate, flush = parse_seconds("--rotate", rotate, 1.0), parse_seconds("--flush", flush, 0.01)
+    status_every = parse_seconds("--status-every", status_every, 0.1)
+    log_every = parse_seconds("--log-every", log_every, 0.1, zero=True)
     if flush_datagrams < 1:
         raise CollectError(f"--flush-datagrams {flush_datagrams}: must be at least 1")
-    return CollectOptions(endpoints, float(rotate), float(flush), int(flush_datagrams), parse_size("--rcvbuf", rcvbuf),
-                          Path(status).absolute() if status else None, float(status_every), float(log_every),
-                          parse_listen(metrics) if metrics else None)
+    options = CollectOptions(endpoints, rotate, flush, int(flush_datagrams), parse_size("--rcvbuf", rcvbuf),
+                             Path(status).absolute() if status else None, status_every, log_every,
+                             parse_listen(metrics) if metrics else None, parse_allowed("--allow", allow),
+                             bool(allow_any))
+    check_who_may_export(options)
+    return options
 
 
 @dataclass
@@ -191,6 +263,25 @@ class _Exporter:
 
 
 @dataclass
+class _Refused:
+    """A sender outside ``allowed_exporters`` (or all further ones, ``others``): what it sent, not stored."""
+
+    address: str
+    datagrams: int = 0
+    bytes: int = 0
+    last_seen_us: int = 0
+
+    def count(self, size: int, ts_us: int) -> None:
+        self.datagrams += 1
+        self.bytes += size
+        self.last_seen_us = ts_us
+
+    def as_status(self) -> dict:
+        seen = datetime.fromtimestamp(self.last_seen_us / 1e6, timezone.utc).isoformat() if self.datagrams else None
+        return {"datagrams": self.datagrams, "bytes": self.bytes, "last_seen": seen}
+
+
+@dataclass
 class _Listener:
     """A bound socket, the receive buffer the kernel granted it and its drop count."""
 
@@ -215,8 +306,13 @@ class Collector:
         self.options = options
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.listeners: list[_Listener] = []
-        self.exporters: dict[str, _Exporter] = {}
+        self.exporters: dict[str, _Exporter] = {}  # allowed senders only
         self.sinks: dict[str, _Sink] = {}
+        #: Senders whose datagrams were dropped (not in ``allowed_exporters``), at most ``refused_senders``
+        #: of them; the rest are counted in ``refused_others``.
+        self.refused: dict[str, _Refused] = {}
+        self.refused_others = _Refused("others")
+        self._take_any = options.allow_any or not options.allow
         self.files_written = 0
         self.started_at = time.time()
         self._pending = 0
@@ -235,6 +331,7 @@ class Collector:
     def start(self) -> "Collector":
         """Check the inbox, complete what a killed collector left, bind every address, serve metrics."""
         try:
+            check_who_may_export(self.options)  # before anything is bound: a refused start opens no port
             self._check_inbox()
             for line in recover(self.inbox):
                 self.log(f"collect: {line}")
@@ -259,8 +356,17 @@ class Collector:
                 f"; asked {self.options.rcvbuf / MIB:g} MiB: raise net.core.rmem_max or run with CAP_NET_ADMIN")
             self.log(f"collect: listening on {listener.endpoint}{note}, receive buffer {listener.rcvbuf / MIB:g} MiB"
                      f"{short}")
+        self.log(f"collect: {self._who_may_export()}")
         self._read_drops()
         return self
+
+    def _who_may_export(self) -> str:
+        if self.options.allow:
+            return (f"taking datagrams only from {', '.join(map(str, self.options.allow))} (allowed_exporters); "
+                    "others are dropped and counted in the status")
+        if self.options.allow_any:
+            return "taking datagrams from any sender (--allow-any)"
+        return "taking datagrams from any sender: listening on loopback only, so only this machine can send"
 
     def _check_inbox(self) -> None:
         probe = self.inbox / f".collect-probe-{os.getpid()}"
@@ -382,7 +488,10 @@ class Collector:
                 elif level == socket.IPPROTO_IPV6 and kind == _IPV6_PKTINFO:
                     target = socket.inet_ntop(socket.AF_INET6, data[:16])
             ts_us = (ts_us or time.time_ns() // 1000) + self.clock_offset_us
-            exporter = exporters.get(sender[0]) or self._exporter(sender[0])
+            exporter = exporters.get(sender[0]) or self._admit(sender[0])
+            if exporter is None:  # not an allowed exporter: counted, never written
+                self._refuse(sender[0], size, ts_us)
+                continue
             exporter.last_seen_us = ts_us
             if size > MAX_DATAGRAM or flags & _MSG_TRUNC:
                 exporter.oversized += 1  # only IPv6 can carry one; pcap records of it could not be read back
@@ -395,6 +504,35 @@ class Collector:
             self._pending += 1
         if self._pending >= self.options.flush_datagrams:
             self._flush()
+
+    def _admit(self, host: str) -> _Exporter | None:
+        """The exporter of a sender seen for the first time (or refused before: None again).
+
+        Only allowed senders get an ``_Exporter``: what a spoofed sender can make the collector keep is
+        its line in the bounded ``refused`` table."""
+        if host in self.refused:
+            return None
+        if self._take_any or sender_allowed(canonical_ip(host.split("%", 1)[0]), self.options.allow):
+            return self._exporter(host)
+        return None
+
+    def _refuse(self, host: str, size: int, ts_us: int) -> None:
+        """Count a dropped datagram for its sender, or in ``others`` once the table is full."""
+        entry = self.refused.get(host)
+        if entry is None:
+            if len(self.refused) >= self.options.refused_senders:
+                self.refused_others.count(size, ts_us)
+                return
+            entry = self.refused[host] = _Refused(canonical_ip(host.split("%", 1)[0]))
+            if len(self.refused) == 1:
+                self.log(f"collect: dropping datagrams from {entry.address}: not in allowed_exporters (every "
+                         "refused sender is counted in the status file and the status line)")
+        entry.count(size, ts_us)
+
+    def refused_totals(self) -> tuple[int, int]:
+        """(datagrams dropped because their sender is not allowed, senders counted by name)."""
+        return (sum(e.datagrams for e in list(self.refused.values())) + self.refused_others.datagrams,
+                len(self.refused))
 
     def _exporter(self, host: str) -> _Exporter:
         address = canonical_ip(host.split("%", 1)[0])
@@ -469,7 +607,15 @@ class Collector:
         datagrams, size, drops = counts
         rate = (datagrams - before[0]) / seconds if seconds > 0 else 0.0
         return (f"{datagrams:,} datagrams ({size / MIB:,.1f} MiB) from {len({e.address for e in self.exporters.values()})} "
-                f"exporter(s), {rate:,.0f}/s lately; kernel drops {drops:,}; {self.files_written:,} file(s) written")
+                f"exporter(s), {rate:,.0f}/s lately; kernel drops {drops:,}; {self.files_written:,} file(s) written"
+                f"{self._refused_summary()}")
+
+    def _refused_summary(self) -> str:
+        refused, senders = self.refused_totals()
+        if not refused:
+            return ""
+        others = f" and {self.refused_others.datagrams:,} from further senders" if self.refused_others.datagrams else ""
+        return f"; dropped {refused:,} datagrams of {senders:,} sender(s) not in allowed_exporters{others}"
 
     def _read_drops(self) -> None:
         drops = kernel_drops([listener.inode for listener in self.listeners])
@@ -506,6 +652,14 @@ class Collector:
             "open_files": sorted(f"{sink.source}/.{sink.name}" for sink in list(self.sinks.values())),
             "exporters": exporters,
             "sources": per_source,
+            "allowed_exporters": [str(block) for block in self.options.allow] or (
+                "any" if self.options.allow_any else "any (loopback only)"),
+            "refused": {
+                "datagrams": self.refused_totals()[0],
+                "senders": {entry.address: entry.as_status() for entry in list(self.refused.values())},
+                "senders_counted_max": self.options.refused_senders,
+                "others": self.refused_others.as_status(),
+            },
         }
 
     def _write_status(self) -> None:
@@ -554,13 +708,19 @@ class _Metrics:
         drops = CounterMetricFamily("traffic_collect_kernel_drops", "Datagrams the kernel dropped (socket buffer full)",
                                     labels=["listen"])
         files = CounterMetricFamily("traffic_collect_files_written", "Completed files written to the inbox")
+        refused = CounterMetricFamily("traffic_collect_refused_datagrams",
+                                      "Datagrams dropped: their sender is not in allowed_exporters "
+                                      "(sender=\"others\": senders beyond the counted ones)", labels=["sender"])
         for exporter in list(self.collector.exporters.values()):
             datagrams.add_metric([exporter.address, exporter.source], exporter.datagrams)
             size.add_metric([exporter.address, exporter.source], exporter.bytes)
         for listener in self.collector.listeners:
             drops.add_metric([str(listener.endpoint)], listener.drops or 0)
         files.add_metric([], self.collector.files_written)
-        yield from (datagrams, size, drops, files)
+        for entry in [*list(self.collector.refused.values()), self.collector.refused_others]:
+            if entry.datagrams:
+                refused.add_metric([entry.address], entry.datagrams)
+        yield from (datagrams, size, drops, files, refused)
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -702,5 +862,5 @@ def run(inbox: Path, exporters: Mapping[str, str], options: CollectOptions) -> i
             signal.signal(sig, handler)
     datagrams, size, drops = collector.totals()
     collector.log(f"collect: stopped: {datagrams:,} datagrams ({size / MIB:,.1f} MiB), kernel drops {drops:,}, "
-                  f"{collector.files_written:,} file(s) written")
+                  f"{collector.files_written:,} file(s) written{collector._refused_summary()}")
     return 0

@@ -158,6 +158,9 @@ class Settings:
     alerts_smtp_conn_id: str = "smtp_default"
     alerts_email_to: tuple[str, ...] = ()
     exporters: Mapping[str, str] = field(default_factory=dict)  # exporter address → source name (``traffic collect``)
+    # Who may send to ``traffic collect`` (DESIGN §7a "Who may export"): address blocks; a datagram from any other
+    # sender is dropped and counted. Required for a listen on a non-loopback address (or ``--allow-any``).
+    allowed_exporters: tuple[str, ...] = ()
     # Flow telemetry (DESIGN §7a): sources whose captures hold export traffic (a ``.flows.pcap`` file
     # from ``traffic collect`` is telemetry whatever its source), per-source sampling rates (they
     # override what exporters say), per-source allowed lateness (≥ the exporter's active timeout),
@@ -222,6 +225,7 @@ _PARSERS = {
     "alerts_smtp_conn_id": lambda n, v: str(v).strip() or "smtp_default",
     "alerts_email_to": lambda n, v: _parse_list(v),
     "exporters": lambda n, v: _parse_exporters(n, v),
+    "allowed_exporters": lambda n, v: _parse_exporter_blocks(n, v),
     "telemetry_sources": lambda n, v: _parse_list(v),
     "sampling_rates": lambda n, v: _parse_per_source(n, v, _parse_rate),
     "source_lateness": lambda n, v: _parse_per_source(n, v, parse_duration),
@@ -293,6 +297,19 @@ def _parse_exporters(name: str, value: Any) -> dict[str, str]:
             raise SettingsError(f"{name}: the source name for {key} ({source!r}) cannot be used: {problem}")
         mapping[key] = source
     return mapping
+
+
+def _parse_exporter_blocks(name: str, value: Any) -> tuple[str, ...]:
+    """``allowed_exporters``: address blocks (``192.0.2.0/24``, ``2001:db8::/32``, a bare address is a /32 or
+    /128), canonical; an IPv4-mapped IPv6 block (``::ffff:10.0.0.0/104``) is written as its IPv4 block, since
+    the collector matches an IPv4 sender as IPv4 whichever socket family it arrived on."""
+    blocks = []
+    for network in _parse_networks(name, value):
+        block = ipaddress.ip_network(network)
+        if block.version == 6 and block.prefixlen >= 96 and block.network_address.ipv4_mapped is not None:
+            block = ipaddress.ip_network(f"{block.network_address.ipv4_mapped}/{block.prefixlen - 96}")
+        blocks.append(str(block))
+    return tuple(dict.fromkeys(blocks))
 
 
 def _parse_per_source(name: str, value: Any, parse) -> dict:
