@@ -40,12 +40,12 @@ def sequence_numbers(path: Path) -> list[int]:
 class Collector:
     """``traffic collect`` as a process, with its status file."""
 
-    def __init__(self, inbox: Path, port: int, status: Path):
+    def __init__(self, inbox: Path, port: int, status: Path, *options: str):
         self.status = status
         self.process = subprocess.Popen(
             [sys.executable, "-m", "traffic.app.cli", "collect", "--inbox", str(inbox), "--listen", f"127.0.0.1:{port}",
              "--status", str(status), "--status-every", "0.1", "--flush", "0.1", "--rotate", "3600",
-             "--log-every", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             "--log-every", "0", *options], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         while not (status.exists() and json.loads(status.read_text())["pid"] == self.process.pid):
             assert self.process.poll() is None, self.process.communicate()
@@ -66,9 +66,9 @@ class Collector:
         return err
 
 
-def send(port: int, numbers) -> None:
+def send(port: int, numbers, sender: str = "127.0.0.2") -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.2", 0))
+        sock.bind((sender, 0))
         for number in numbers:
             sock.sendto(struct.pack("!I", number) + b"x" * 200, ("127.0.0.1", port))
 
@@ -145,4 +145,45 @@ def test_sigkill_while_receiving_keeps_exactly_what_was_flushed(tmp_path):
     (recovered,) = complete(folder)
     assert sequence_numbers(recovered) == flushed
     assert len(set(flushed)) == len(flushed)
+    assert hidden(folder) == []
+
+
+def test_sigkill_while_dropping_and_accepting_keeps_every_accepted_datagram(tmp_path):
+    """Spoofed senders (127.0.0.3–12, not allowed) interleave with the one allowed exporter: the kill
+    loses nothing accepted and flushed, and no refused datagram is in any file."""
+    inbox, port, status = tmp_path / "inbox", free_udp_port(), tmp_path / "status.json"
+    folder = inbox / "127.0.0.2"
+    first = Collector(inbox, port, status, "--allow", "127.0.0.2/32")
+    stop = threading.Event()
+
+    def stream():
+        number = 0
+        while not stop.is_set():
+            send(port, range(number, number + 50))
+            send(port, range(10**6 + number, 10**6 + number + 50), f"127.0.0.{3 + (number // 50) % 10}")
+            number += 50
+            time.sleep(0.005)
+
+    sender = threading.Thread(target=stream, daemon=True)
+    sender.start()
+    try:
+        wait_for(lambda: first.received() >= 3000 and json.loads(status.read_text())["refused"]["datagrams"] >= 3000,
+                 what="datagrams accepted and dropped")
+        first.kill()
+    finally:
+        stop.set()
+        sender.join(timeout=10)
+    before = json.loads(status.read_text())
+    assert set(before["refused"]["senders"]) == {f"127.0.0.{n}" for n in range(3, 13)}, before["refused"]
+    assert list(before["exporters"]) == ["127.0.0.2"]
+    (left,) = hidden(folder)
+    flushed = sequence_numbers(left)
+    assert len(flushed) >= 1000 and all(n < 10**6 for n in flushed), "a refused datagram was written"
+
+    second = Collector(inbox, port, status, "--allow", "127.0.0.2/32")
+    second.terminate()
+    (recovered,) = complete(folder)
+    assert sequence_numbers(recovered) == flushed
+    assert len(set(flushed)) == len(flushed), "an accepted datagram is repeated"
+    assert sorted(p.name for p in inbox.iterdir()) == ["127.0.0.2"], "a refused sender got a folder"
     assert hidden(folder) == []
