@@ -5,7 +5,8 @@ One place turns an Arrow table into each machine format, so every command writes
 stored), times in ISO-8601 UTC as ``2026-11-01T10:00:00+00:00`` (``.ffffff`` only when a time has
 microseconds, as Python's ``isoformat`` writes them), dates as ``2026-11-01``; JSON is one object a
 line. A file (``--out``) is written under a temporary name in its folder, synced and renamed, so a
-reader never sees half of one.
+reader never sees half of one; that rename would replace a FIFO or a device file with a regular
+file, so ``--out`` onto anything but a regular file (or a new name) is refused before any work.
 
 ``traffic export`` streams a table's range one storage key at a time (an hour, a day, a month, or a
 merged day or month: a table's file group, asked of the Delta layer by period), so its memory is
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import sys
 import time
 import uuid
@@ -111,7 +113,29 @@ def output_path(fmt: str, out: str | os.PathLike | None) -> Path | None:
         raise SettingsError(f"--out {out}: is a folder; give the file's name")
     if not path.parent.is_dir():
         raise SettingsError(f"--out {out}: folder {path.parent} does not exist")
+    _refuse_special_file(path, out)
     return path
+
+
+#: What a file that is not a regular one is, for the error (``stat.S_IFMT`` of its mode).
+_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket"}
+
+
+def _refuse_special_file(path: Path, out) -> None:
+    """A file is written under a temporary name and renamed over ``out``: onto a FIFO or a device that
+    would replace it with a regular file (``/dev/null`` too, for root), so only a regular file (or
+    nothing) may be there. A symbolic link is judged by what it points at."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError:  # a dangling or looping link, a folder we may not search: the write says why
+        return
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a plain file")
+        raise SettingsError(f"--out {out}: is {kind}, not a regular file; writing would replace it (give a file's "
+                            f"name, or leave --out out to write to stdout)")
 
 
 class _Counted:
