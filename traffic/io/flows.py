@@ -49,15 +49,32 @@ Decisions, for an operator:
   whose IPv4 pair is 0.0.0.0. IPv4-mapped IPv6 is stored as IPv4. A record without a source and a
   destination address is a reject. Ports only for TCP, UDP and SCTP (6, 17, 132); no protocol
   field: protocol and ports null.
-* Sampling. NetFlow v5: the header's 14-bit sampling interval. sFlow: the sample's rate. v9/IPFIX:
-  a data record's own sampling fields if its template has them, else the rate options data of the
-  same (exporter, format, domain) said last (v9 34 SAMPLING_INTERVAL or 50
-  FLOW_SAMPLER_RANDOM_INTERVAL; IPFIX 305/306 samplingPacketInterval/Space → (interval + space) /
-  interval, rounded, else 34 samplingInterval, else 50 samplerRandomInterval). Sampler and
-  selector ids (48, 302) are not followed: one rate per (exporter, domain), the last one said. A
-  data set takes the rate known when it is read (or, for one that waited, when it is decoded).
+* Sampling (``sampling_rate``, 1 in N; §7a's order, the per-source setting being ingest's). NetFlow
+  v5: the header's 14-bit sampling interval. sFlow: the sample's rate. v9/IPFIX, the first that says
+  a rate (``_rate_by_precedence``): the record's own sampling fields; else the rate of the sampler or
+  selector the record names (v9 48 FLOW_SAMPLER_ID, IPFIX 302 selectorId or 48 samplerId) from the
+  options data that gave that id a rate; else the rate the exporter's options data said last for the
+  (exporter, format, domain). Sampling fields, in options and data records alike (``_rate_said``):
+  the PSAMP fields selectorAlgorithm 304 names (1 count-based: 305/306 samplingPacketInterval/Space →
+  (interval + space) / interval; 3 random n-out-of-N: 309/310 samplingSize/Population → population /
+  size; 4 probabilistic: 311 samplingProbability → 1 / p), without 304 the first present of those
+  three; then 34 SAMPLING_INTERVAL / samplingInterval (35, the algorithm, changes nothing; Huawei
+  sends 34 in every record), then 50 FLOW_SAMPLER_RANDOM_INTERVAL / samplerRandomInterval. Rates are
+  rounded to whole numbers. A data set takes the rates known when it is read (or, for one that
+  waited, when it is decoded); up to ``MAX_SAMPLERS`` sampler ids are remembered per domain.
+* Bounds on rates. A rate above ``MAX_RATE`` (2**31 − 1), or sampling fields that give a rate and no
+  usable one (interval 0, population below size, probability not in 0 < p ≤ 1, NaN) make their
+  record a reject: a data record alone; an options record, which then teaches nothing (neither its
+  rate nor its system init time, nor one past 9999); an sFlow flow sample with such a rate, that
+  sample alone. 34/50 of 0 say nothing. ``FlowState.from_json`` drops stored values later code could
+  not use (states written before these bounds), so no state can block a source's later datagrams.
 * Options data records update the state and are counted in ``skipped`` ("netflow9 options data",
-  "ipfix options data"), not returned as flows.
+  "ipfix options data"), not returned as flows. They are read for their sampling fields, the sampler
+  or selector id they give a rate to, and systemInitTimeMilliseconds (160), nothing else. Scope
+  fields are not data: a NetFlow v9 scope is a scope *type* (RFC 3954 §6.1: 1 System, 2 Interface,
+  3 Line card, 4 Cache, 5 Template) with a length that may be 0, never an element; of IPFIX scope
+  fields (real elements) only the sampler/selector id is read. An options record whose sampling field
+  has an impossible length is a reject.
 * Templates: a template replaces any earlier one with its key at once; IPFIX withdrawal (field
   count 0) removes it, template id 2 / 3 with field count 0 removes all templates / options
   templates of the domain. A template that makes no sense (no fields, records of 0 bytes, ids
@@ -156,18 +173,39 @@ class Template:
         return _layout(self)
 
 
+    @functools.cached_property
+    def read_as(self) -> tuple[int, ...]:
+        """Per field, the key this module reads it under, or -1 for a field it does not read.
+
+        Scope fields are not data: a NetFlow v9 scope is a scope *type* (RFC 3954 §6.1: 1 System,
+        2 Interface, ...; length 0 allowed), not an element, and of an IPFIX scope only the sampler or
+        selector id is read (the id an options record gives a rate to). Options records are read for
+        their sampling fields and system init time only.
+        """
+        wanted = _OPTION_FIELDS if self.options else _WANTED
+        keys = []
+        for k, (ie, _, pen) in enumerate(self.fields):
+            key = ie if pen == 0 else -1
+            if k < self.scope and key not in _SAMPLER_IDS:
+                key = -1
+            keys.append(key if key in wanted else -1)
+        return tuple(keys)
+
+
 @dataclass(frozen=True)
 class FlowState:
     """What earlier datagrams taught: templates and sampling facts, per exporter and domain.
 
-    ``templates`` is keyed (exporter, format, domain, template id); ``sampling`` and
-    ``system_init`` (IPFIX systemInitTimeMilliseconds from options data) by (exporter, format,
-    domain). Treat it as a value: ``decode`` returns a new one.
+    ``templates`` is keyed (exporter, format, domain, template id); ``sampling`` (the last rate options
+    data said) and ``system_init`` (IPFIX systemInitTimeMilliseconds from options data) by (exporter,
+    format, domain); ``samplers`` (each sampler's or selector's rate) by (exporter, format, domain, id).
+    Only values later code can use are kept. Treat it as a value: ``decode`` returns a new one.
     """
 
     templates: dict = field(default_factory=dict)
     sampling: dict = field(default_factory=dict)
     system_init: dict = field(default_factory=dict)
+    samplers: dict = field(default_factory=dict)  # (exporter, format, domain, sampler/selector id) → rate
 
     def to_json(self) -> dict:
         """A JSON-able form (``from_json`` reads it back)."""
@@ -181,21 +219,43 @@ class FlowState:
                          for (e, f, d), r in sorted(self.sampling.items())],
             "system_init": [{"exporter": e, "format": f, "domain": d, "ms": v}
                             for (e, f, d), v in sorted(self.system_init.items())],
+            "samplers": [{"exporter": e, "format": f, "domain": d, "sampler": i, "rate": r}
+                         for (e, f, d, i), r in sorted(self.samplers.items())],
         }
 
     @staticmethod
     def from_json(data: dict) -> FlowState:
+        """The state ``to_json`` wrote, without the values later code could not use (``_usable_state``)."""
         return FlowState(
             templates={
                 (t["exporter"], t["format"], int(t["domain"]), int(t["id"])): Template(
                     tuple(tuple(int(v) for v in x) for x in t["fields"]), bool(t["options"]), int(t["scope"]))
                 for t in data.get("templates", [])
             },
-            sampling={(s["exporter"], s["format"], int(s["domain"])): int(s["rate"])
-                      for s in data.get("sampling", [])},
-            system_init={(s["exporter"], s["format"], int(s["domain"])): int(s["ms"])
-                         for s in data.get("system_init", [])},
+            sampling=_usable_state(data, "sampling", "rate", _usable_rate),
+            system_init=_usable_state(data, "system_init", "ms", lambda ms: 0 <= ms <= _MAX_TS_US // 1000),
+            samplers=_usable_state(data, "samplers", "rate", _usable_rate, "sampler"),
         )
+
+
+def _usable_state(data: dict, name: str, what: str, usable, *more: str) -> dict:
+    """One of the state's (exporter, format, domain[, more]) → value maps, read back without the values later
+    code could not use: states stored before rates were bounded may hold a rate of 2**63 or a system init
+    time past 9999. Such a value is dropped (and logged) as if the exporter had never said it, so the
+    source decodes again; its next options data says it anew."""
+    kept = {}
+    for item in data.get(name, []):
+        try:
+            key = (str(item["exporter"]), str(item["format"]), int(item["domain"]), *(int(item[m]) for m in more))
+            value = int(item[what])
+        except (KeyError, TypeError, ValueError):
+            log.warning("flow state: %s entry %r dropped (cannot be read)", name, item)
+            continue
+        if usable(value) and all(0 <= k < 1 << 64 for k in key[3:]):
+            kept[key] = value
+        else:
+            log.warning("flow state: %s %s of %s dropped (cannot be used)", name, value, key)
+    return kept
 
 
 @dataclass(frozen=True)
@@ -305,12 +365,17 @@ def expire_waiting(waiting: Waiting, *, before_us: int, source: str, input_file:
 
 #: Element ids this module reads, with the lengths each may have.
 _COUNTERS = (1, 2, 85, 86)
+#: Sampling fields (``_rate_said``), and the ids of the sampler or selector a record names, 302 first.
+_SAMPLING = (34, 35, 49, 50, 304, 305, 306, 309, 310, 311)
+_SAMPLER_IDS = (302, 48)
+#: What options records are read for: rates, the ids they are for, the exporter's system init time.
+_OPTION_FIELDS = frozenset((*_SAMPLING, *_SAMPLER_IDS, 160))
 _WANTED = {
     **{ie: range(1, 9) for ie in _COUNTERS},
     4: (1,), 7: (1, 2), 11: (1, 2), 8: (4,), 12: (4,), 27: (16,), 28: (16,),
     21: (4,), 22: (4,), 150: (4,), 151: (4,), 152: (8,), 153: (8,), 154: (8,), 155: (8,),
     156: (8,), 157: (8,), 158: (4,), 159: (4,), 160: (8,),
-    34: range(1, 9), 50: range(1, 9), 305: range(1, 9), 306: range(1, 9),
+    **{ie: range(1, 9) for ie in (*_SAMPLING, *_SAMPLER_IDS) if ie != 311}, 311: (4, 8),
 }
 _NAMES = {1: "bytes", 2: "packets", 85: "octetTotalCount", 86: "packetTotalCount", 4: "protocol",
           7: "source port", 11: "destination port", 8: "IPv4 source", 12: "IPv4 destination",
@@ -319,7 +384,9 @@ _NAMES = {1: "bytes", 2: "packets", 85: "octetTotalCount", 86: "packetTotalCount
           153: "flowEndMilliseconds", 154: "flowStartMicroseconds", 155: "flowEndMicroseconds",
           156: "flowStartNanoseconds", 157: "flowEndNanoseconds", 158: "flowStartDeltaMicroseconds",
           159: "flowEndDeltaMicroseconds", 160: "systemInitTimeMilliseconds", 34: "sampling interval",
-          50: "sampler random interval", 305: "samplingPacketInterval", 306: "samplingPacketSpace"}
+          50: "sampler random interval", 305: "samplingPacketInterval", 306: "samplingPacketSpace",
+          35: "sampling algorithm", 48: "sampler id", 49: "sampler mode", 302: "selectorId",
+          304: "selectorAlgorithm", 309: "samplingSize", 310: "samplingPopulation", 311: "samplingProbability"}
 _VARIABLE = 65535
 
 
@@ -337,8 +404,8 @@ class _Layout:
 def _layout(template: Template) -> _Layout:
     offsets, lengths, at, variable, shortest = {}, {}, 0, False, 0
     problem = None
-    for ie, length, pen in template.fields:
-        if pen == 0 and ie in _WANTED and ie not in lengths:
+    for (_, length, _), ie in zip(template.fields, template.read_as):
+        if ie >= 0 and ie not in lengths:
             if length not in _WANTED[ie]:
                 what = "a variable length" if length == _VARIABLE else f"length {length}"
                 problem = problem or f"field {ie} ({_NAMES[ie]}) has {what}, which it cannot have"
@@ -361,6 +428,10 @@ class _Decoder:
         self.templates = dict(state.templates)
         self.sampling = dict(state.sampling)
         self.system_init = dict(state.system_init)
+        #: per (exporter, format, domain): {sampler or selector id: rate}, replaced (never changed) when it changes
+        self.samplers: dict[tuple, dict[int, int]] = {}
+        for (exporter, fmt, domain, sampler), rate in state.samplers.items():
+            self.samplers.setdefault((exporter, fmt, domain), {})[sampler] = rate
         self.source, self.input_file = source, input_file
         self.data = buffer
         self.buf = np.frombuffer(buffer, np.uint8)
@@ -639,7 +710,8 @@ class _Decoder:
             return
         key = self._key(context)
         self.data_sets.setdefault(id(template), (template, []))[1].append(
-            (start, end, context, self.sampling.get(key, 0), self.system_init.get(key, -1), records))
+            (start, end, context, self.sampling.get(key, 0), self.system_init.get(key, -1), self.samplers.get(key),
+             records))
 
     def _walk(self, context: int, template: Template, start: int, end: int) -> list[int]:
         """Start of each record of a set whose template has variable-length fields (rejecting an overrun)."""
@@ -668,37 +740,68 @@ class _Decoder:
     def _record_fields(self, template: Template, record: int) -> dict:
         """Offsets of the wanted fields of one record (variable-length templates)."""
         found, at, data = {}, record, self.data
-        for ie, length, pen in template.fields:
+        for (_, length, _), ie in zip(template.fields, template.read_as):
             if length == _VARIABLE:
                 length = data[at]
                 at += 1
                 if length == 255:
                     length = int.from_bytes(data[at : at + 2], "big")
                     at += 2
-            if pen == 0 and ie in _WANTED and ie not in found:
+            if ie >= 0 and ie not in found:
                 found[ie] = at
             at += length
         return found
 
     def _options_data(self, context: int, template: Template, start: int, end: int, records) -> None:
-        """Options data: learn the sampling rate and system init time; count the records."""
+        """Options data: learn sampling rates (the domain's last one, and the rate of the sampler or selector
+        id the record names) and the system init time; count the records.
+
+        A record saying what later code could not use (a rate above 2**31 - 1, sampling fields that give no
+        rate, a system init time past 9999) is a reject and teaches nothing: the state keeps only usable values.
+        """
         layout = template.layout
         if records is None:
             records = range(start, start + (end - start) // layout.record_length * layout.record_length,
                             layout.record_length)
         key = self._key(context)
         for record in records:
-            self.skipped[f"{key[1]} options data"] += 1
             if layout.problem:
+                self.reject(context, record, f"{key[1]} options data: {layout.problem}")
                 continue
             offsets = {ie: record + off for ie, off in layout.offsets.items()} if layout.record_length \
                 else self._record_fields(template, record)
-            value = {ie: int.from_bytes(self.data[at : at + layout.lengths[ie]], "big") for ie, at in offsets.items()}
-            rate = _rate_of(value.get(305), value.get(306), value.get(34), value.get(50))
-            if rate:
-                self.sampling[key] = rate
-            if value.get(160):
-                self.system_init[key] = value[160]
+            value = {ie: np.array([int.from_bytes(self.data[at : at + layout.lengths[ie]], "big")], np.uint64)
+                     for ie, at in offsets.items()}
+            rate, problem = _rate_said(value, 1, layout.lengths)
+            system_init = int(value[160][0]) if 160 in value else 0
+            if problem[0]:
+                self.reject(context, record, f"{key[1]} options data: {_PROBLEMS[int(problem[0])]}")
+                continue
+            if system_init > _MAX_TS_US // 1000:
+                self.reject(context, record, f"{key[1]} options data: systemInitTimeMilliseconds {system_init} is "
+                                             "after 9999-12-31")
+                continue
+            self.skipped[f"{key[1]} options data"] += 1
+            if rate[0]:
+                self.sampling[key] = int(rate[0])
+                sampler = next((int(value[ie][0]) for ie in _SAMPLER_IDS if ie in value), None)
+                if sampler is not None:
+                    self._learn_sampler(key, sampler, int(rate[0]))
+            if system_init:
+                self.system_init[key] = system_init
+
+    def _learn_sampler(self, key: tuple, sampler: int, rate: int) -> None:
+        """A sampler's (or selector's) rate, in a new map for the domain: sets queued earlier keep the old one.
+
+        At most ``MAX_SAMPLERS`` per domain (the least recently said dropped first): an exporter naming
+        ever new ids cannot grow the state without bound.
+        """
+        samplers = dict(self.samplers.get(key, {}))
+        samplers.pop(sampler, None)
+        samplers[sampler] = rate
+        while len(samplers) > MAX_SAMPLERS:
+            del samplers[next(iter(samplers))]
+        self.samplers[key] = samplers
 
     # -- sFlow --
 
@@ -743,6 +846,9 @@ class _Decoder:
             self.reject(context, at - 8, f"sFlow flow sample cut off ({end - at} of {fixed} bytes)")
             return
         rate = struct.unpack_from(">I", self.data, at + (12 if expanded else 8))[0]
+        if not _usable_rate(rate) and rate:  # 0: the agent says nothing (ingest's setting, or 1)
+            self.reject(context, at - 8, f"sFlow flow sample's sampling rate {rate} is above 2**31 - 1")
+            return
         (records,) = struct.unpack_from(">I", self.data, at + fixed - 4)
         at += fixed
         headers = 0
@@ -802,7 +908,9 @@ class _Decoder:
             rejects=_rows_table(self.rejects),
             skipped=dict(self.skipped),
             waiting=Waiting(tuple(waiting)),
-            state=FlowState(self.templates, self.sampling, self.system_init),
+            state=FlowState(self.templates, self.sampling, self.system_init,
+                            samplers={(*key, sampler): rate for key, samplers in self.samplers.items()
+                                      for sampler, rate in samplers.items()}),
         )
 
     def _read_netflow5(self) -> None:
@@ -900,8 +1008,15 @@ class _Decoder:
             end_ts, end_bad = start_ts, start_bad
         problem[(problem == 0) & (start_bad | end_bad)] = _P_TIME_RANGE
 
-        said = _rate_of(value.get(305), value.get(306), value.get(34), value.get(50), bulk=True, n=n)
-        rate = np.where(said > 0, said, rate)
+        said, rate_problem = _rate_said(value, n, layout.lengths)
+        problem[(problem == 0) & (rate_problem > 0)] = rate_problem[(problem == 0) & (rate_problem > 0)]
+        sampler = next((ie for ie in _SAMPLER_IDS if ie in value), None)
+        samplers = [s[5] for s in sets]
+        if sampler is not None and any(samplers):
+            by_sampler = _samplers_rate(value[sampler], np.repeat(np.arange(len(sets)), count), samplers)
+        else:
+            by_sampler = np.zeros(n, np.int64)
+        rate = _rate_by_precedence(said, by_sampler, rate)
         self.parts.append(dict(
             order=pos, context=context, start=start_ts, end=end_ts, **addresses,
             protocol=value[4].astype(np.int64) if 4 in value else np.full(n, -1, np.int64),
@@ -1025,23 +1140,86 @@ def _sflow_format(enterprise: int, kind: int) -> str:
     return str(kind) if enterprise == 0 else f"{enterprise}:{kind}"
 
 
-def _rate_of(interval, space, sampling_interval, random_interval, bulk: bool = False, n: int = 0):
-    """The sampling rate (1 in N) the fields say; 0 when they say nothing usable."""
-    if not bulk:
-        if interval and space is not None:
-            return round((interval + space) / interval)
-        return sampling_interval or random_interval or 0
-    rate = np.zeros(n, np.int64)
-    for value in (random_interval, sampling_interval):
-        if value is not None:
-            v = np.minimum(value, np.uint64(_INT64_MAX)).astype(np.int64)
-            rate = np.where(v > 0, v, rate)
-    if interval is not None and space is not None:
-        i = np.minimum(interval, np.uint64(1 << 53)).astype(np.float64)
-        s = np.minimum(space, np.uint64(1 << 53)).astype(np.float64)
-        ratio = np.rint((i + s) / np.where(i > 0, i, 1)).astype(np.int64)
-        rate = np.where(i > 0, ratio, rate)
-    return rate
+#: Why a record's own sampling fields cannot be used (``problem`` codes, beside those above).
+_P_RATE_RANGE, _P_RATE_UNUSABLE = 20, 21
+_PROBLEMS.update({
+    _P_RATE_RANGE: "sampling rate above 2**31 - 1",
+    _P_RATE_UNUSABLE: ("sampling fields give no usable rate (a packet interval of 0, a population below its sample "
+                       "size, a probability outside 0 < p <= 1)"),
+})
+#: The largest rate kept or applied: ingest stores rates as 32-bit integers.
+MAX_RATE = (1 << 31) - 1
+#: Sampler and selector ids remembered per (exporter, format, domain), the least recently said dropped first.
+MAX_SAMPLERS = 1024
+
+
+def _usable_rate(rate: int) -> bool:
+    return 1 <= rate <= MAX_RATE
+
+
+def _rate_said(value: dict, n: int, lengths: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(rate, problem) of each record from its own sampling fields: the rate is 1 in N, 0 where they say nothing.
+
+    The first of these that says something is used: the PSAMP fields the selectorAlgorithm (304) names, or,
+    without 304, whichever are present in this order: samplingSize/Population (309/310, n out of N:
+    N / n), samplingPacketInterval/Space (305/306, count-based: (interval + space) / interval),
+    samplingProbability (311, a float: 1 / p); then samplingInterval (34, with or without the algorithm 35)
+    and samplerRandomInterval (50). A rate is rounded to a whole number. ``problem`` is ``_P_RATE_RANGE``
+    for a rate above ``MAX_RATE`` and ``_P_RATE_UNUSABLE`` for fields that give a rate and no usable one;
+    the rate is then 0. 34 or 50 of 0, and 305/306 or 309/310 both 0, say nothing.
+    """
+    lengths = lengths or {}
+    algorithm = value.get(304)
+
+    def named(*algorithms: int) -> np.ndarray:
+        return np.ones(n, bool) if algorithm is None else np.isin(algorithm, np.array(algorithms, np.uint64))
+
+    candidates = []  # (says something, rate as float, unusable)
+    if 309 in value and 310 in value:
+        size, population = value[309].astype(np.float64), value[310].astype(np.float64)
+        candidates.append((named(3) & ((size > 0) | (population > 0)),
+                           population / np.where(size > 0, size, 1), (size == 0) | (population < size)))
+    if 305 in value and 306 in value:
+        interval, space = value[305].astype(np.float64), value[306].astype(np.float64)
+        candidates.append((named(1) & ((interval > 0) | (space > 0)),
+                           (interval + space) / np.where(interval > 0, interval, 1), interval == 0))
+    if 311 in value:
+        bits = value[311]
+        p = (bits.astype(np.uint32).view(np.float32).astype(np.float64) if lengths.get(311) == 4
+             else bits.view(np.float64))
+        usable = (p > 0) & (p <= 1)  # NaN is neither
+        candidates.append((named(4), 1 / np.where(usable, p, 1), ~usable))
+    for ie in (34, 50):
+        if ie in value:
+            said = value[ie].astype(np.float64)
+            candidates.append((said > 0, said, np.zeros(n, bool)))
+    rate = np.zeros(n, np.float64)
+    unusable, chosen = np.zeros(n, bool), np.zeros(n, bool)
+    for says, ratio, bad in candidates:
+        take = says & ~chosen
+        rate[take], unusable[take] = ratio[take], bad[take]
+        chosen |= take
+    rate = np.rint(rate)
+    problem = np.where(unusable, _P_RATE_UNUSABLE, np.where(rate > MAX_RATE, _P_RATE_RANGE, 0)).astype(np.int8)
+    return np.where(chosen & (problem == 0), rate, 0).astype(np.int64), problem
+
+
+def _rate_by_precedence(own: np.ndarray, sampler: np.ndarray, last_options: np.ndarray) -> np.ndarray:
+    """The rate a v9/IPFIX record is sampled at, from what says it, first first (§7a): the record's own
+    sampling fields, else the rate of the sampler or selector it names, else the last rate its exporter's
+    options data said for the domain; 0 if none (ingest: the source's setting, else 1). The per-source
+    setting, which comes before all of these, is ingest's; NetFlow v5 and sFlow say theirs per datagram
+    or sample."""
+    return np.where(own > 0, own, np.where(sampler > 0, sampler, last_options))
+
+
+def _samplers_rate(ids: np.ndarray, set_index: np.ndarray, samplers: list) -> np.ndarray:
+    """The rate of the sampler or selector each record names, from the map its set was queued with (0: not
+    known). One look-up per distinct (set, id)."""
+    pairs = np.stack([set_index.astype(np.uint64), ids.astype(np.uint64)], axis=1)
+    distinct, inverse = np.unique(pairs, axis=0, return_inverse=True)
+    rates = np.array([(samplers[s] or {}).get(i, 0) for s, i in distinct.tolist()], np.int64)
+    return rates[inverse.reshape(-1)]
 
 
 def _uptime_before(uptime: np.ndarray, stamp: np.ndarray) -> np.ndarray:
