@@ -477,3 +477,29 @@ def test_periods_take_bare_seconds_and_durations():
 def test_periods_out_of_range_are_refused_with_their_name(name, value, expect):
     with pytest.raises(CollectError, match=re.escape(expect)):
         build_options(**{name: value})
+
+
+def test_the_compose_collector_and_the_demo_router_pass_the_exposure_rule(tmp_path):
+    """The stack's collector listens on 0.0.0.0 inside its network: its command with the default
+    TRAFFIC_ALLOWED_EXPORTERS is accepted; the demo's collector (127.0.0.1) needs no list."""
+    import yaml
+
+    service = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["collector"]
+    command, environment = service["command"], service["environment"]
+    value = environment["TRAFFIC_ALLOWED_EXPORTERS"]
+    default = re.fullmatch(r"\$\{TRAFFIC_ALLOWED_EXPORTERS:-([^}]*)\}", value)  # should it come from .env one day
+    settings = load_settings(environ={"TRAFFIC_ALLOWED_EXPORTERS": default.group(1) if default else value})
+    listen = [command[i + 1] for i, word in enumerate(command) if word == "--listen"]
+    assert listen and not any(Endpoint(*text.rsplit(":", 1)).loopback for text in listen) and "--allow-any" not in command
+    options = build_options(listen=listen, allow=settings.allowed_exporters)
+    assert sender_allowed("172.18.0.1", options.allow), "the stack's network gateway is refused"
+
+    from traffic.app.demo_telemetry import Router
+
+    router = Router(tmp_path / "inbox", ["10.0.0.1"], ["198.51.100.1"])
+    try:
+        router.sender.sendto(b"demo", ("127.0.0.1", router.ports[0]))
+        wait_for(lambda: router.collector.drain() == 1, what="the demo's datagram")
+        assert router.collector.refused_totals() == (0, 0)
+    finally:
+        router.close()
