@@ -1,6 +1,7 @@
 """``traffic collect``: receive flow telemetry over UDP and store every datagram, undecoded, in the inbox.
 
-    traffic collect [--listen HOST:PORT ...] [--inbox DIR] [--rotate 60] [--status FILE] [--metrics 127.0.0.1:9155]
+    traffic collect [--listen HOST:PORT ...] [--allow BLOCKS | --allow-any] [--inbox DIR] [--rotate 60s]
+                    [--status FILE] [--metrics 127.0.0.1:9155]
 
 DESIGN §7a. Each datagram is written with its receive time (the kernel's, ``SO_TIMESTAMP``) and its
 exporter's address and port as one record of a classic pcap (``traffic.io.datagrams``) in
@@ -9,6 +10,16 @@ the address itself (``source_folder``). A file is written under a hidden name (`
 the inbox never takes) while it is open, and fsynced and renamed to ``<UTC time of its first
 datagram>-<pid>.flows.pcap`` when its rotation period ends or the collector stops: one file per source
 per period, and only for sources that sent something.
+
+Who may export (§7a): UDP senders can be spoofed, so only datagrams from the ``allowed_exporters``
+blocks are written; any other sender's are dropped and counted, one by one for the first
+``REFUSED_SENDERS`` senders and together as ``others`` after that, so spoofed addresses cost a fixed
+amount of memory and make no file or source. A listen another machine can reach needs that list or
+an explicit ``--allow-any``, checked before anything is bound; a loopback-only listen (the default,
+the demo, the tests) takes every sender, since only this machine can reach it.
+
+Periods (``--rotate``, ``--flush``, ``--status-every``, ``--log-every``) are bare seconds or durations
+(``2s``, ``15m``), read by the settings' ``parse_duration`` like every other duration.
 
 What a crash loses: received datagrams are handed to the operating system every ``flush`` seconds
 and every ``flush_datagrams`` datagrams, so a SIGKILL loses at most those received since the last
