@@ -1,6 +1,12 @@
 """One settings object, decided in one place: config file < TRAFFIC_* environment < CLI.
 
 Everything else receives a ``Settings``; nothing else reads the environment.
+
+Every value is checked when settings are built, ranges included, so a job never fails halfway on one
+(``max_history = 99999999d`` used to pass and then overflow mid-ingest). The largest values taken:
+every duration (``max_history``, ``allowed_lateness``, ``max_future_skew``, the retentions, ...)
+100 years (``MAX_DURATION``); ``keep_hours`` 876,600 (the same 100 years); ``shuffle_partitions``
+100,000; ``split_bytes`` 1 TiB; ``compact_min_files`` 1,000,000; ``now`` in the years 1970–9898.
 """
 
 from __future__ import annotations
@@ -31,16 +37,32 @@ _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+#: The longest duration any setting or option takes: 100 years. Times are added to and taken from
+#: record and clock times (1970 to 9999), and ``now`` is kept 100 years from either end, so no sum
+#: leaves the years ``datetime`` can hold; longer would only ever be a typo (``99999999d``).
+MAX_DURATION = timedelta(days=36_525)
+
+
 def parse_duration(name: str, value: Any) -> timedelta:
-    """Seconds as a number, or a number with a unit: ``90s``, ``15m``, ``2h``, ``400d``."""
+    """Seconds as a number, or a number with a unit: ``90s``, ``15m``, ``2h``, ``400d``; at most ``MAX_DURATION``."""
     if isinstance(value, timedelta):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-        return timedelta(seconds=value)
-    match = _DURATION.match(str(value))
-    if not match:
-        raise SettingsError(f"{name}: {value!r} is not a duration (use seconds, or 90s, 15m, 2h, 400d)")
-    return timedelta(seconds=int(match.group(1)) * _UNIT[match.group(2)])
+        seconds: float = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        seconds = value
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise SettingsError(f"{name}: {value!r} is not a duration (use seconds, or 90s, 15m, 2h, 400d)")
+        seconds = int(match.group(1)) * _UNIT[match.group(2)]
+    return _within_max_duration(name, value, seconds)
+
+
+def _within_max_duration(name: str, value: Any, seconds: float) -> timedelta:
+    """A duration no job's datetime arithmetic overflows on (``MAX_DURATION``), else a one-line error."""
+    if not 0 <= seconds <= MAX_DURATION.total_seconds():  # also NaN and infinity, from a TOML float
+        raise SettingsError(f"{name}: {value!r} is longer than 100 years ({MAX_DURATION.days:,} days), the "
+                            f"longest duration a setting takes")
+    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
 
 
 def _parse_list(value: Any) -> tuple[str, ...]:
@@ -62,13 +84,15 @@ def _parse_bool(name: str, value: Any) -> bool:
     raise SettingsError(f"{name}: {value!r} is not yes/no")
 
 
-def _parse_int(name: str, value: Any, minimum: int = 0) -> int:
+def _parse_int(name: str, value: Any, minimum: int = 0, maximum: int | None = None) -> int:
     try:
         number = int(str(value).strip())
     except ValueError:
         raise SettingsError(f"{name}: {value!r} is not a whole number") from None
     if number < minimum:
         raise SettingsError(f"{name}: {number} must be at least {minimum}")
+    if maximum is not None and number > maximum:
+        raise SettingsError(f"{name}: {number:,} is more than {maximum:,}, the most it takes")
     return number
 
 
@@ -191,7 +215,7 @@ _PARSERS = {
     "warehouse": lambda n, v: Path(v).expanduser().absolute(),
     "inbox": lambda n, v: Path(v).expanduser().absolute(),
     "replay_roots": lambda n, v: _parse_folders(n, v),
-    "keep_hours": lambda n, v: _parse_int(n, v),
+    "keep_hours": lambda n, v: _parse_int(n, v, 0, MAX_KEEP_HOURS),
     "allowed_lateness": parse_duration,
     "source_timeout": parse_duration,
     "local_networks": _parse_networks,
@@ -212,9 +236,9 @@ _PARSERS = {
     "spark_jit": lambda n, v: _choice(n, v, JIT_MODES),
     "spark_connect": lambda n, v: _connect_url(n, str(v)),
     "spark_jars_dir": lambda n, v: None if v in (None, "") else Path(v).expanduser().absolute(),
-    "shuffle_partitions": lambda n, v: _parse_int(n, v, 1),
-    "split_bytes": lambda n, v: _parse_int(n, v, 1024),
-    "compact_min_files": lambda n, v: _parse_int(n, v, 2),
+    "shuffle_partitions": lambda n, v: _parse_int(n, v, 1, MAX_PARTITIONS),
+    "split_bytes": lambda n, v: _parse_int(n, v, 1024, MAX_SPLIT_BYTES),
+    "compact_min_files": lambda n, v: _parse_int(n, v, 2, MAX_COMPACT_MIN_FILES),
     "completeness_min_panes": lambda n, v: _parse_panes(n, v),
     "completeness_action": lambda n, v: _choice(n, v, ("warning", "failure")),
     "accounts_file": lambda n, v: _parse_accounts_file(n, v),
@@ -234,6 +258,24 @@ _PARSERS = {
     "fault_at": lambda n, v: None if v in (None, "") else str(v),
     "extra": lambda n, v: dict(v),
 }
+
+
+#: The largest whole-number settings (durations: ``MAX_DURATION``). ``keep_hours`` is a duration in
+#: hours; Spark takes partition counts as a 32-bit int, and more than 100,000 tasks per stage is never
+#: what a traffic warehouse needs; a split of 1 TiB already means "never split".
+MAX_KEEP_HOURS = MAX_DURATION.days * 24
+MAX_PARTITIONS = 100_000
+MAX_SPLIT_BYTES = 2**40
+MAX_COMPACT_MIN_FILES = 1_000_000
+
+
+def _parse_now(name: str, value: Any) -> datetime | None:
+    """The fixed processing clock: within 100 years of the ends of 1970–9999, so ``now`` plus or minus any
+    duration stays a time ``datetime`` can hold."""
+    now = parse_time(name, value)
+    if now is not None and not 1970 <= now.year <= 9898:  # 9898-12-31 + 100 years is still in 9999
+        raise SettingsError(f"{name}: {value!r} is outside the years 1970 to 9898")
+    return now
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
