@@ -163,8 +163,11 @@ def test_templates_are_scoped_by_exporter_and_domain():
     ([b"\x00\x00\x00\x0c\x01\x00\xff\xff\x00\x01\x00\x04"], "declares 65535 fields, its set ends after 1"),
     ([fe.template_set({256: [(8, 3), (12, 4), (1, 4), (2, 4)]}, ipfix=False),
       fe.data_set(256, [bytes(15)])], "field 8 (IPv4 source) has length 3"),
-    ([fe.template_set({256: [(8, 4), (12, 4), (1, 4)]}, ipfix=False),
-      fe.data_set(256, [bytes(12)])], "no byte and packet counts"),
+    ([fe.template_set({256: [(8, 4), (12, 4), (2, 4)]}, ipfix=False),
+      fe.data_set(256, [bytes(12)])], "no byte count"),
+    # bytes and no packet field count their bytes (DESIGN §7a); a packet field that says 0 is a reject
+    ([fe.template_set({256: [(8, 4), (12, 4), (1, 4), (2, 4)]}, ipfix=False),
+      fe.data_set(256, [bytes(8) + (100).to_bytes(4, "big") + bytes(4)])], "100 bytes in 0 packets"),
 ])
 def test_netflow9_bad_sets_and_templates_are_rejects(sets, reason):
     out = _decode(_v9(sets), _v9([fe.template_set({257: V9}, ipfix=False), _v9_data(A, tid=257)]))

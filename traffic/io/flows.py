@@ -3,9 +3,10 @@
 ``decode`` takes the datagrams a collector file (or any capture of export traffic) holds, from
 ``traffic.io.captures.udp_datagrams``, and the template state of earlier batches, and gives:
 
-* ``flows``: one row of ``FLOW_SCHEMA`` per flow record, or per packet header an sFlow agent
-  sampled. ``bytes`` and ``packets`` are as the exporter reported them, *not* multiplied by the
-  sampling rate: ``sampling_rate`` says the rate (0 = the exporter said nothing), ingest applies it.
+* ``flows``: one row of ``FLOW_SCHEMA`` per flow record (per direction of a two-way record), or per
+  packet an sFlow agent sampled. ``bytes`` and ``packets`` are as the exporter reported them, *not*
+  multiplied by the sampling rate: ``sampling_rate`` says the rate (0 = the exporter said nothing),
+  ingest applies it.
 * ``sequences``: one row per datagram whose header could be read, for loss accounting.
 * ``rejects``: ``PARSED_SCHEMA`` reject rows, each with a reason a person can read. Nothing raises
   on bad input: a datagram that cannot be read, a template that makes no sense, a record that
@@ -42,9 +43,32 @@ Decisions, for an operator:
   carry the IPFIX absolute fields too and are read the same way. A record with a start and no end
   (or the reverse) lasts no time; one with neither gets the header's export time for both. A flow
   that ends before it starts, or whose time is outside 1970..9999, is a reject.
-* Counts: ``bytes`` from field 1 (IN_BYTES / octetDeltaCount), else 85 (octetTotalCount);
-  ``packets`` from 2, else 86. A record without both is a reject (it cannot be accounted), as is a
-  count above 2**63 − 1. Unsigned fields may use reduced-size encoding (1..8 bytes).
+* Counts, as exporters send them: ``bytes`` from field 1 (IN_BYTES / octetDeltaCount), else 85
+  (octetTotalCount), else Cisco ASA NSEL 231 (initiatorOctets); ``packets`` from 2, else 86, else
+  NSEL 298 (initiatorPackets). A record's other direction is its own row, turned round (addresses
+  and ports swapped, so it is given its own local/remote orientation): NSEL 232/299
+  (responderOctets/Packets), RFC 5103 reverse counters (PEN 29305, ids 1/2/85/86; other enterprise
+  fields are skipped over). A direction of such a two-way (or NSEL) record with 0 bytes and 0
+  packets gives no row (counted in ``skipped``). A record with bytes and no packet field counts its
+  bytes with 0 packets (§7a); one without any byte field is a reject, as is a count above 2**63 − 1.
+  Unsigned fields may use reduced-size encoding (1..8 bytes).
+* Per-packet bounds (every format): a record whose packet count says 0 while it has bytes, or that
+  claims more bytes per packet than an IP packet can carry, is a reject with its reason: IPv4
+  524,280 (``MAX_BYTES_V4_GSO``, a GSO/BIG TCP super-packet: above it the data checks fail the hour;
+  between 65,535 and it they only flag it, as for captures), IPv6 4,294,967,335 (``MAX_BYTES_V6``,
+  the largest jumbogram). A record with no packet field is not held to it (its ratio is unknown).
+  When one direction of a two-way record is rejected, the record is one reject and neither counts.
+* NSEL events (NF_F_FW_EVENT 233; 40005 on older ASAs; NF_F_FW_EXT_EVENT 33002 is detail only): a
+  flow-update (5) carries the bytes since the last update, a flow-teardown (2) the flow's totals,
+  which its updates already reported. Each byte counts once: updates (and creates, 1) count what
+  they say and are remembered per (exporter, format, domain, NF_F_CONN_ID 148), per direction; a
+  teardown counts its totals minus what was remembered (not below 0) and forgets the connection.
+  The memory is part of ``state`` (``FlowState.nsel``, kept across batches), holds only integers in
+  0 .. 2**63 − 1, and is bounded: at most ``NSEL_MAX_CONNECTIONS`` (the most recently updated), none
+  more than ``NSEL_MAX_AGE_US`` (a day) older than the newest update. A record without a connection
+  id, a teardown of a connection nothing remembers (its updates were never sent, or forgotten), and
+  other events count what they say. Create and deny records without counters are no traffic: counted
+  in ``skipped``, not rejected.
 * Addresses: fields 8/12 (IPv4), else 27/28 (IPv6); a template with both uses IPv6 for a record
   whose IPv4 pair is 0.0.0.0. IPv4-mapped IPv6 is stored as IPv4. A record without a source and a
   destination address is a reject. Ports only for TCP, UDP and SCTP (6, 17, 132); no protocol
@@ -81,7 +105,8 @@ Decisions, for an operator:
   below 256, more fields than its set holds, scope count 0 or above the field count) is a reject
   and not kept. One with a field this module reads at an impossible length (an IPv4 address of 3
   bytes, a variable-length counter) is kept, and each of its records is a reject saying why.
-  Enterprise-specific fields (IPFIX bit 0x8000, then a 4-byte PEN) are skipped over.
+  Enterprise-specific fields (IPFIX bit 0x8000, then a 4-byte PEN) are skipped over, except RFC
+  5103's reverse counters (PEN 29305, see Counts).
 * Data sets whose template is unknown: within one ``decode`` call, read at the end with the
   templates of the whole call; otherwise they go to ``waiting`` (``decode_waiting`` reads them
   later; ``expire_waiting`` turns the old ones into rejects: how long to wait is ingest's call).
@@ -97,10 +122,13 @@ Decisions, for an operator:
   not be counted (a set waiting for its template, or the rest of a datagram that was rejected), so
   ingest knows not to judge that gap. Sets decoded by ``decode_waiting`` add no sequence rows.
 * sFlow: flow samples (format 1) and expanded flow samples (3); in them, raw packet header records
-  (format 1) with header protocol 1 (Ethernet, VLAN tags and all), 11 (IPv4) or 12 (IPv6). Other
-  samples (counters: 2, 4) and flow records (extended switch/router data, ...) are skipped and
-  counted; so is a sampled frame that is no IP packet. ``bytes`` is the IP packet length from the
-  sampled header, ``packets`` 1. Per-sample sequence numbers and drop counters are not used.
+  (format 1) with header protocol 1 (Ethernet, VLAN tags and all), 11 (IPv4) or 12 (IPv6), and
+  sampled IPv4 / IPv6 records (formats 3 / 4: IP length, protocol, addresses, ports). A sample with
+  a raw header is counted from it; its sampled IPv4/IPv6 records describe the same packet and are
+  only counted in ``skipped``. Other samples (counters: 2, 4) and flow records (extended
+  switch/router data, ...) are skipped and counted; so is a sampled frame that is no IP packet.
+  ``bytes`` is the IP packet length (from the sampled header, or the record's length field),
+  ``packets`` 1. Per-sample sequence numbers and drop counters are not used.
 * A reject's ``record``: "datagram N at µs T from EXPORTER: <hex of its first 64 bytes>" (N is the
   frame number in the file), with ", byte B" when it is about one set, template or record in it
   (B counts from the start of the datagram).
@@ -119,7 +147,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traffic.core.records import MAX_REASON_CHARS, PARSED_SCHEMA, REJECT, clip_record
+from traffic.core.records import MAX_BYTES_V4_GSO, MAX_BYTES_V6, MAX_REASON_CHARS, PARSED_SCHEMA, REJECT, clip_record
 from traffic.io.captures import Datagrams, ip_headers
 
 log = logging.getLogger(__name__)
@@ -172,7 +200,6 @@ class Template:
         """Where its records hold the fields this module reads (worked out once per template)."""
         return _layout(self)
 
-
     @functools.cached_property
     def read_as(self) -> tuple[int, ...]:
         """Per field, the key this module reads it under, or -1 for a field it does not read.
@@ -185,7 +212,7 @@ class Template:
         wanted = _OPTION_FIELDS if self.options else _WANTED
         keys = []
         for k, (ie, _, pen) in enumerate(self.fields):
-            key = ie if pen == 0 else -1
+            key = _read_as(ie, pen)
             if k < self.scope and key not in _SAMPLER_IDS:
                 key = -1
             keys.append(key if key in wanted else -1)
@@ -206,6 +233,9 @@ class FlowState:
     sampling: dict = field(default_factory=dict)
     system_init: dict = field(default_factory=dict)
     samplers: dict = field(default_factory=dict)  # (exporter, format, domain, sampler/selector id) → rate
+    #: NSEL: bytes and packets flow updates reported, per (exporter, format, domain, connection id):
+    #: [initiator bytes, packets, responder bytes, packets, last update µs], oldest first (``_nsel_once``)
+    nsel: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         """A JSON-able form (``from_json`` reads it back)."""
@@ -221,6 +251,8 @@ class FlowState:
                             for (e, f, d), v in sorted(self.system_init.items())],
             "samplers": [{"exporter": e, "format": f, "domain": d, "sampler": i, "rate": r}
                          for (e, f, d, i), r in sorted(self.samplers.items())],
+            "nsel": [{"exporter": e, "format": f, "domain": d, "conn": c, "reported": v}
+                     for (e, f, d, c), v in self.nsel.items()],
         }
 
     @staticmethod
@@ -235,7 +267,38 @@ class FlowState:
             sampling=_usable_state(data, "sampling", "rate", _usable_rate),
             system_init=_usable_state(data, "system_init", "ms", lambda ms: 0 <= ms <= _MAX_TS_US // 1000),
             samplers=_usable_state(data, "samplers", "rate", _usable_rate, "sampler"),
+            nsel=_nsel_entries(data.get("nsel", [])),
         )
+
+
+#: NSEL connections remembered at most, and for how long after their last update (an ASA sends
+#: one per active flow at least every refresh interval, at most an hour): oldest dropped first.
+NSEL_MAX_CONNECTIONS = 100_000
+NSEL_MAX_AGE_US = 24 * 3600 * 1_000_000
+
+
+def _nsel_bounded(nsel: dict) -> dict:
+    """The remembered NSEL connections: none older than ``NSEL_MAX_AGE_US`` before the newest, at most
+    ``NSEL_MAX_CONNECTIONS`` (the most recently updated), oldest first."""
+    if not nsel:
+        return {}
+    newest = max(v[4] for v in nsel.values())
+    kept = sorted(((k, v) for k, v in nsel.items() if v[4] >= newest - NSEL_MAX_AGE_US), key=lambda kv: kv[1][4])
+    return dict(kept[-NSEL_MAX_CONNECTIONS:])
+
+
+def _nsel_entries(items: list) -> dict:
+    """NSEL state read back, keeping only entries later code can use (five integers in 0 .. 2**63 - 1)."""
+    nsel = {}
+    for item in items:
+        try:
+            key = (str(item["exporter"]), str(item["format"]), int(item["domain"]), int(item["conn"]))
+            value = [int(v) for v in item["reported"]]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if len(value) == 5 and all(0 <= v <= _INT64_MAX for v in value):
+            nsel[key] = value
+    return _nsel_bounded(nsel)
 
 
 def _usable_state(data: dict, name: str, what: str, usable, *more: str) -> dict:
@@ -370,14 +433,29 @@ _SAMPLING = (34, 35, 49, 50, 304, 305, 306, 309, 310, 311)
 _SAMPLER_IDS = (302, 48)
 #: What options records are read for: rates, the ids they are for, the exporter's system init time.
 _OPTION_FIELDS = frozenset((*_SAMPLING, *_SAMPLER_IDS, 160))
+#: RFC 5103 reverse elements (PEN 29305) are read under their id plus this (IPFIX ids are below 2**15).
+_REVERSE, _REVERSE_PEN = 1 << 16, 29305
+#: Counters per direction, in order of preference: (bytes, packets) of the forward (initiator)
+#: direction and of the reverse (responder) one. NSEL: 231/232 initiator/responder octets,
+#: 298/299 packets; RFC 5103: the reverse elements.
+_FORWARD = ((1, 85, 231), (2, 86, 298))
+_BACKWARD = ((_REVERSE | 1, _REVERSE | 85, 232), (_REVERSE | 2, _REVERSE | 86, 299))
+#: NSEL: NF_F_CONN_ID (148, flowId) and NF_F_FW_EVENT (233; 40005 on ASAs before 8.4, NetFlow v9 only).
+_CONN_ID, _EVENTS = 148, (233, 40005)
+_CREATE, _TEARDOWN, _UPDATE = 1, 2, 5
 _WANTED = {
-    **{ie: range(1, 9) for ie in _COUNTERS},
+    **{ie: range(1, 9) for ie in _COUNTERS + tuple(_REVERSE | c for c in _COUNTERS) + (231, 232, 298, 299)},
+    _CONN_ID: range(1, 9), 233: (1,), 40005: (1,),
     4: (1,), 7: (1, 2), 11: (1, 2), 8: (4,), 12: (4,), 27: (16,), 28: (16,),
     21: (4,), 22: (4,), 150: (4,), 151: (4,), 152: (8,), 153: (8,), 154: (8,), 155: (8,),
     156: (8,), 157: (8,), 158: (4,), 159: (4,), 160: (8,),
     **{ie: range(1, 9) for ie in (*_SAMPLING, *_SAMPLER_IDS) if ie != 311}, 311: (4, 8),
 }
 _NAMES = {1: "bytes", 2: "packets", 85: "octetTotalCount", 86: "packetTotalCount", 4: "protocol",
+          _REVERSE | 1: "reverse bytes", _REVERSE | 2: "reverse packets", _REVERSE | 85: "reverseOctetTotalCount",
+          _REVERSE | 86: "reversePacketTotalCount", 231: "initiator octets", 232: "responder octets",
+          298: "initiator packets", 299: "responder packets", 148: "connection id", 233: "firewall event",
+          40005: "firewall event",
           7: "source port", 11: "destination port", 8: "IPv4 source", 12: "IPv4 destination",
           27: "IPv6 source", 28: "IPv6 destination", 21: "end uptime", 22: "start uptime",
           150: "flowStartSeconds", 151: "flowEndSeconds", 152: "flowStartMilliseconds",
@@ -421,6 +499,13 @@ def _layout(template: Template) -> _Layout:
     return _Layout(offsets, lengths, 0 if variable else at, shortest, problem)
 
 
+def _read_as(ie: int, pen: int) -> int:
+    """The key a field is read under: its id; RFC 5103 reverse elements apart; other enterprises' never."""
+    if pen == 0:
+        return ie
+    return _REVERSE | ie if pen == _REVERSE_PEN else -1
+
+
 class _Decoder:
     """One decode call: walks headers in order, queues record sets, then reads them in bulk."""
 
@@ -432,6 +517,7 @@ class _Decoder:
         self.samplers: dict[tuple, dict[int, int]] = {}
         for (exporter, fmt, domain, sampler), rate in state.samplers.items():
             self.samplers.setdefault((exporter, fmt, domain), {})[sampler] = rate
+        self.nsel = {key: list(value) for key, value in state.nsel.items()}
         self.source, self.input_file = source, input_file
         self.data = buffer
         self.buf = np.frombuffer(buffer, np.uint8)
@@ -457,6 +543,7 @@ class _Decoder:
         #: NetFlow v5 datagrams, as arrays: (first record, count, context, sampling interval)
         self.v5: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.sflow: list[tuple[int, int, int, int, int, int]] = []  # (header, captured, wire, linktype, context, rate)
+        self.sflow_ip: list[tuple[int, int, int, int]] = []  # sampled IPv4/IPv6 records: (body, format, context, rate)
         self.parts: list[dict] = []  # decoded record columns, one dict per bulk read
         self.told: list[tuple[np.ndarray, str]] = []  # (record positions, why they cannot be read)
         self.columns: dict[str, np.ndarray] = {}
@@ -851,7 +938,7 @@ class _Decoder:
             return
         (records,) = struct.unpack_from(">I", self.data, at + fixed - 4)
         at += fixed
-        headers = 0
+        headers, sampled = 0, []
         for k in range(records):
             if end - at < 8:
                 self.reject(context, at, f"sFlow flow sample says {records} records, it ends after {k}")
@@ -861,6 +948,13 @@ class _Decoder:
             if at > end:
                 self.reject(context, body - 8, f"sFlow flow record claims {length} bytes, only {end - body} remain")
                 return
+            if record_format in _SFLOW_SAMPLED_IP:
+                if length < _SFLOW_SAMPLED_IP[record_format]:
+                    self.reject(context, body - 8, f"sFlow sampled IPv{4 if record_format == 3 else 6} record of "
+                                                   f"{length} bytes (at least {_SFLOW_SAMPLED_IP[record_format]})")
+                else:
+                    sampled.append((body, record_format, context, rate))
+                continue
             if record_format != 1:
                 self.skipped[f"sflow flow record format {_sflow_format(record_format >> 12, record_format & 0xFFF)}"] += 1
                 continue
@@ -877,7 +971,11 @@ class _Decoder:
                 continue
             headers += 1
             self.sflow.append((body + 16, captured, max(frame_length - stripped, 0), linktype, context, rate))
-        if not headers:
+        if headers and sampled:  # the same packet twice: the raw header says more
+            self.skipped["sflow sampled IPv4/IPv6 record beside a raw packet header"] += len(sampled)
+        elif sampled:
+            self.sflow_ip += sampled
+        elif not headers:
             self.skipped["sflow flow sample without a raw packet header"] += 1
 
     # -- the end: deferred sets, bulk reads, tables --
@@ -901,6 +999,8 @@ class _Decoder:
             self._read_sets(template, sets)
         if self.sflow:
             self._read_sflow()
+        if self.sflow_ip:
+            self._read_sflow_ip()
         flows = self._flow_table()
         return Decoded(
             flows=flows,
@@ -908,7 +1008,7 @@ class _Decoder:
             rejects=_rows_table(self.rejects),
             skipped=dict(self.skipped),
             waiting=Waiting(tuple(waiting)),
-            state=FlowState(self.templates, self.sampling, self.system_init,
+            state=FlowState(self.templates, self.sampling, self.system_init, nsel=_nsel_bounded(self.nsel),
                             samplers={(*key, sampler): rate for key, samplers in self.samplers.items()
                                       for sampler, rate in samplers.items()}),
         )
@@ -984,15 +1084,22 @@ class _Decoder:
         if not (has_v4 or has_v6):
             problem[problem == 0] = _P_NO_ADDRESS
 
-        counts = {}
-        for name, ies in (("bytes", (1, 85)), ("packets", (2, 86))):
-            ie = next((i for i in ies if i in value), None)
-            if ie is None:
-                problem[problem == 0] = _P_NO_COUNT
-                counts[name] = np.zeros(n, np.int64)
-            else:
-                problem[(problem == 0) & (value[ie] > np.uint64(_INT64_MAX))] = _P_COUNT_RANGE
-                counts[name] = np.minimum(value[ie], np.uint64(_INT64_MAX)).astype(np.int64)
+        directions = [_counts_of(value, ies) for ies in (_FORWARD, _BACKWARD)]
+        event = next((value[ie].astype(np.int64) for ie in _EVENTS if ie in value), None)
+        if directions == [None, None]:
+            if event is not None and not layout.problem:  # an NSEL create or deny: no traffic in it
+                self.skipped["firewall event without counters (NSEL create or deny)"] += n
+                return
+            problem[problem == 0] = _P_NO_COUNT
+            directions[0] = (np.zeros(n, np.int64), np.zeros(n, np.int64), np.ones(n, bool), np.zeros(n, bool))
+        for counted in directions:
+            if counted is not None:
+                problem[(problem == 0) & counted[3]] = _P_COUNT_RANGE
+        nsel = dict(event=np.full(n, -1, np.int64) if event is None else event,
+                    conn=value[_CONN_ID].view(np.int64) if _CONN_ID in value else np.full(n, -1, np.int64),
+                    tracked=np.zeros(n, bool) if event is None or _CONN_ID not in value
+                    else np.isin(event, (_CREATE, _TEARDOWN, _UPDATE)),
+                    directional=np.full(n, directions[1] is not None or event is not None))
 
         if 160 in value:
             said = np.minimum(value[160], np.uint64(_INT64_MAX)).astype(np.int64)
@@ -1017,13 +1124,18 @@ class _Decoder:
         else:
             by_sampler = np.zeros(n, np.int64)
         rate = _rate_by_precedence(said, by_sampler, rate)
-        self.parts.append(dict(
+        part = dict(
             order=pos, context=context, start=start_ts, end=end_ts, **addresses,
             protocol=value[4].astype(np.int64) if 4 in value else np.full(n, -1, np.int64),
             src_port=value[7].astype(np.int64) if 7 in value else np.full(n, -1, np.int64),
             dst_port=value[11].astype(np.int64) if 11 in value else np.full(n, -1, np.int64),
-            bytes=counts["bytes"], packets=counts["packets"], rate=rate, problem=problem,
-        ))
+            rate=rate, problem=problem, **nsel,
+        )
+        for reverse, counted in enumerate(directions):  # each direction its own row, the reverse one turned round
+            if counted is not None:
+                row = dict(part, bytes=counted[0], packets=counted[1], has_packets=counted[2],
+                           reverse=np.full(n, bool(reverse)))
+                self.parts.append(_turned(row) if reverse else row)
 
     def _read_sflow(self) -> None:
         header, captured, wire, linktype, context, rate = (np.array(c, np.int64) for c in zip(*self.sflow))
@@ -1046,19 +1158,41 @@ class _Decoder:
                     src6=keys[:n, 1:], dst6=keys[n:, 1:])
         self.parts.append({name: column[keep] for name, column in part.items()})
 
+    def _read_sflow_ip(self) -> None:
+        """sFlow sampled IPv4 (format 3) and IPv6 (4) records: one packet of the IP length they say."""
+        body, kind, context, rate = (np.array(c, np.int64) for c in zip(*self.sflow_ip))
+        n = len(body)
+        v6 = kind == 4
+        width = np.where(v6, 16, 4)
+        after = body + 8 + 2 * width  # the ports follow the two addresses
+        problem = np.zeros(n, np.int8)
+        protocol, src_port, dst_port = (_uint(self.buf, p, 4).astype(np.int64) for p in (body + 4, after, after + 4))
+        problem[(protocol > 255) | (src_port > 65535) | (dst_port > 65535)] = _P_SFLOW_FIELDS
+        receive = self.column("receive")[context]
+        addresses = dict(family=np.where(v6, 6, 4).astype(np.int8),
+                         src4=_uint(self.buf, body + 8, 4).astype(np.uint32),
+                         dst4=_uint(self.buf, body + 12, 4).astype(np.uint32),
+                         src6=_gather(self.buf, body + 8, 16).copy(), dst6=_gather(self.buf, body + 24, 16).copy())
+        addresses["src6"][~v6] = 0
+        addresses["dst6"][~v6] = 0
+        _v4_mapped(addresses, problem)
+        self.parts.append(dict(order=body, context=context, start=receive, end=receive, **addresses,
+                               protocol=np.where(problem == 0, protocol, -1), src_port=src_port, dst_port=dst_port,
+                               bytes=_uint(self.buf, body, 4).astype(np.int64), packets=np.ones(n, np.int64),
+                               rate=rate, problem=problem))
+
     def _flow_table(self) -> pa.Table:
         if not self.parts:
             return FLOW_SCHEMA.empty_table()
-        column = {name: _concatenate([p[name] for p in self.parts]) for name in self.parts[0] if "6" not in name}
-        if any("src6" in p for p in self.parts):
-            for name in ("src6", "dst6"):
-                column[name] = _concatenate([p.get(name, np.zeros((len(p["order"]), 16), np.uint8))
-                                             for p in self.parts])
+        names = dict.fromkeys([*(name for p in self.parts for name in p), *_DEFAULTS])
+        column = {name: _concatenate([p[name] if name in p else _default(name, len(p["order"])) for p in self.parts])
+                  for name in names}
         context, problem = column["context"], column["problem"]
         order = column["order"]
         problem[(problem == 0) & (column["end"] < column["start"])] = _P_BACKWARDS
         out_of_range = (column["start"] < 0) | (column["end"] > _MAX_TS_US) | (column["start"] > _MAX_TS_US)
         problem[(problem == 0) & out_of_range] = _P_TIME_RANGE
+        _per_packet_bounds(column)
         if problem.any():
             self._reject_records(np.flatnonzero(problem), column)
             keep = np.flatnonzero(problem == 0)
@@ -1067,6 +1201,12 @@ class _Decoder:
         if len(order) > 1 and not (order[1:] >= order[:-1]).all():  # sets read template by template
             back = np.argsort(order, kind="stable")  # back to datagram order
             column = {name: values[back] for name, values in column.items()}
+        if column["tracked"].any():
+            self._nsel_once(column)
+        empty = column["directional"] & (column["bytes"] == 0) & (column["packets"] == 0)
+        if empty.any():
+            self.skipped["flow direction without traffic (biflow or NSEL record)"] += int(empty.sum())
+            column = {name: values[~empty] for name, values in column.items()}
         context = column["context"]
         src, dst, texts = _address_texts(column)
         protocol = column["protocol"]
@@ -1095,16 +1235,54 @@ class _Decoder:
     def _reject_records(self, rows: np.ndarray, column: dict) -> None:
         """One reject per record that cannot be accounted (the rare path: Python per record)."""
         told = {p: text for positions, text in self.told for p in positions.tolist()}
+        said = set()  # a record of two directions (two rows) is one reject
         for k in rows.tolist():
             code, at, context = int(column["problem"][k]), int(column["order"][k]), int(column["context"][k])
+            if code == _P_SIBLING or at in said:
+                continue
+            said.add(at)
             if code == _P_TEMPLATE:
                 reason = told.get(at, "record cannot be read")
             elif code == _P_BACKWARDS:
                 reason = (f"flow ends before it starts ({_iso(int(column['end'][k]))} < "
                           f"{_iso(int(column['start'][k]))})")
+            elif code in (_P_NO_PACKETS, _P_PER_PACKET):
+                packets, octets = int(column["packets"][k]), int(column["bytes"][k])
+                reason = _PROBLEMS[code].format(bytes=octets, packets=packets,
+                                                limit=MAX_BYTES_V4_GSO if column["family"][k] == 4 else MAX_BYTES_V6)
             else:
                 reason = _PROBLEMS[code]
             self.reject(context, at, reason)
+
+    def _nsel_once(self, column: dict) -> None:
+        """Count each NSEL byte once: an update counts what it says, a teardown only what no update reported.
+
+        ``self.nsel`` remembers, per (exporter, format, domain, connection id), the bytes and packets
+        updates reported in each direction and when the last came; a teardown subtracts them (not
+        below 0) and forgets the connection. In place, in datagram order.
+        """
+        rows = np.flatnonzero(column["tracked"])
+        formats = self.column("format")
+        for k, context, event, conn, reverse, octets, packets in zip(
+                rows.tolist(), *(column[c][rows].tolist() for c in ("context", "event", "conn", "reverse",
+                                                                     "bytes", "packets"))):
+            key = (self.exporter[context], FORMATS[formats[context]], self.domain[context], conn)
+            entry = self.nsel.get(key)
+            d = 2 * reverse
+            if event == _TEARDOWN:
+                if entry is None:
+                    continue
+                column["bytes"][k] = max(0, octets - entry[d])
+                column["packets"][k] = max(0, packets - entry[d + 1])
+                entry[d] = entry[d + 1] = 0
+                if not any(entry[:4]):
+                    del self.nsel[key]
+            else:
+                entry = self.nsel.pop(key, None) or [0, 0, 0, 0, 0]  # popped: re-inserted as the newest
+                entry[d] = min(entry[d] + octets, _INT64_MAX)
+                entry[d + 1] = min(entry[d + 1] + packets, _INT64_MAX)
+                entry[4] = max(entry[4], self.receive[context])
+                self.nsel[key] = entry
 
     def _sequence_table(self) -> pa.Table:
         rows = [i for i, s in enumerate(self.sequence) if s is not None]
@@ -1123,10 +1301,15 @@ class _Decoder:
 
 # Why a record is a reject (``problem`` codes in the bulk columns).
 _P_TEMPLATE, _P_NO_ADDRESS, _P_NO_COUNT, _P_COUNT_RANGE, _P_TIME_RANGE, _P_BACKWARDS, _P_MIXED = 1, 2, 3, 4, 5, 6, 7
+_P_NO_PACKETS, _P_PER_PACKET, _P_SIBLING, _P_SFLOW_FIELDS = 8, 9, 10, 11
 _PROBLEMS = {
+    _P_SFLOW_FIELDS: "sFlow sampled IP record with a protocol above 255 or a port above 65535",
     _P_NO_ADDRESS: "record has no source and destination address (fields 8/12 or 27/28)",
-    _P_NO_COUNT: "record has no byte and packet counts (fields 1/2 or 85/86)",
+    _P_NO_COUNT: "record has no byte count (fields 1 or 85, NSEL 231/232, RFC 5103 reverse 1 or 85)",
     _P_COUNT_RANGE: "byte or packet count above 2**63 - 1",
+    _P_NO_PACKETS: "record says {bytes} bytes in 0 packets",
+    _P_PER_PACKET: ("record says {bytes} bytes in {packets} packets: more per packet than an IP packet can carry "
+                    "({limit})"),
     _P_TIME_RANGE: "flow time outside 1970-01-01 .. 9999-12-31",
     _P_MIXED: ("record between an IPv4-mapped address and a plain IPv6 one: stored as IPv4 and IPv6, the two "
                "ends would be of different families"),
@@ -1134,6 +1317,65 @@ _PROBLEMS = {
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+#: Columns not every kind of record has, and their value for those that do not (NetFlow v5 and
+#: sFlow always say their packets; only NSEL and biflow records have events and directions).
+_DEFAULTS = {"has_packets": (True, bool), "directional": (False, bool), "reverse": (False, bool),
+             "tracked": (False, bool), "event": (-1, np.int64), "conn": (-1, np.int64)}
+
+
+def _default(name: str, n: int) -> np.ndarray:
+    if name in ("src6", "dst6"):
+        return np.zeros((n, 16), np.uint8)
+    value, dtype = _DEFAULTS[name]
+    return np.full(n, value, dtype)
+
+
+def _per_packet_bounds(column: dict) -> None:
+    """Reject (in ``problem``) a count no packets could carry, and the other direction of its record with it.
+
+    A record with a packet counter that says 0 while it has bytes, or more bytes per packet than
+    an IP packet can carry: IPv4 ``MAX_BYTES_V4_GSO`` (524,280: what the data checks fail on;
+    65,535 < x only flags), IPv6 ``MAX_BYTES_V6`` (the largest jumbogram).
+    """
+    problem, octets, packets = column["problem"], column["bytes"], column["packets"]
+    said = column["has_packets"] & (problem == 0)
+    problem[said & (packets == 0) & (octets > 0)] = _P_NO_PACKETS
+    limit = np.where(column["family"] == 4, MAX_BYTES_V4_GSO, MAX_BYTES_V6)
+    problem[said & (packets > 0) & ((octets - 1) // limit >= packets)] = _P_PER_PACKET
+    bad = column["order"][(problem != 0) & column["directional"]]
+    if len(bad):
+        problem[(problem == 0) & np.isin(column["order"], bad)] = _P_SIBLING
+
+
+def _counts_of(value: dict, ies: tuple) -> tuple | None:
+    """(bytes, packets, has a packet counter, above 2**63 - 1) of one direction; None without a byte counter.
+
+    A record that says its bytes and no packet count counts its bytes with 0 packets (§7a).
+    """
+    octets, packets = (next((value[i] for i in choices if i in value), None) for choices in ies)
+    if octets is None:
+        return None
+    n = len(octets)
+    big = octets > np.uint64(_INT64_MAX)
+    if packets is not None:
+        big |= packets > np.uint64(_INT64_MAX)
+        packets = np.minimum(packets, np.uint64(_INT64_MAX)).astype(np.int64)
+    return (np.minimum(octets, np.uint64(_INT64_MAX)).astype(np.int64),
+            np.zeros(n, np.int64) if packets is None else packets, np.full(n, packets is not None), big)
+
+
+def _turned(row: dict) -> dict:
+    """The row seen from the other end: sources and destinations swapped."""
+    turned = dict(row)
+    for a, b in (("src4", "dst4"), ("src6", "dst6"), ("src_port", "dst_port")):
+        if a in row:
+            turned[a], turned[b] = row[b], row[a]
+    return turned
+
+
+#: sFlow flow records of sampled IP packets: format → least length (IPv4: 8 words; IPv6: 14).
+_SFLOW_SAMPLED_IP = {3: 32, 4: 56}
 
 
 def _sflow_format(enterprise: int, kind: int) -> str:
