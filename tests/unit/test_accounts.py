@@ -231,3 +231,18 @@ def test_load_errors_name_the_file_path(tmp_path):
     with pytest.raises(AccountsError) as error:
         load_accounts(path)
     assert str(error.value).startswith(f"{path}:5: version 1 (v1), account 'a': '10.1.2.3/16' has host bits set")
+
+
+@pytest.mark.parametrize("name, shown", [("evil\\nname", "'evil\\nname'"), ("acme\\u202e", "'acme\\u202e'"),
+                                         ("zero\\u200bwidth", "'zero\\u200bwidth'"), ("tab\\there", "'tab\\there'")])
+def test_an_account_name_with_a_control_or_format_character_is_refused_with_one_line(name, shown):
+    with pytest.raises(AccountsError) as error:
+        parse_accounts(HEADER + f'"{name}" = ["10.1.0.0/16"]\n', "acc.toml")
+    message = str(error.value)
+    assert message.startswith(f"acc.toml:") and f"account name {shown} has a control character" in message
+    assert "\n" not in message
+
+
+def test_account_names_in_any_script_with_spaces_inside_are_kept():
+    text = HEADER + '"株式会社\u3000東京" = ["10.1.0.0/16"]\n"Société Générale" = ["10.2.0.0/16"]\n'
+    assert sorted(parse_accounts(text).versions[0].accounts) == ["Société Générale", "株式会社\u3000東京"]
