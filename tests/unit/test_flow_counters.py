@@ -149,12 +149,13 @@ def test_asa_teardowns_with_total_octets_and_no_packet_field_count_their_bytes(t
 
 
 NSEL = [(148, 4), (8, 4), (7, 2), (12, 4), (11, 2), (4, 1), (233, 1), (231, 4), (232, 4), (298, 4), (299, 4),
-        (152, 8)]
+        (152, 8), (323, 8)]
 
 
-def _nsel(conn: int, event: int, counters: tuple, *, sequence: int = 0, src="10.0.0.1") -> bytes:
+def _nsel(conn: int, event: int, counters: tuple, *, sequence: int = 0, src="10.0.0.1", observed_ms: int = T // 1000
+          ) -> bytes:
     values = {148: conn, 8: src, 7: 40000, 12: "192.0.2.80", 11: 443, 4: 6, 233: event, 152: T // 1000 - 60_000,
-              231: counters[0], 298: counters[1], 232: counters[2], 299: counters[3]}
+              231: counters[0], 298: counters[1], 232: counters[2], 299: counters[3], 323: observed_ms}
     return fe.netflow9([fe.template_set({260: NSEL}, ipfix=False), fe.data_set(260, [fe.record(NSEL, values)])],
                        export_s=EXPORT_S, uptime_ms=3_600_000, sequence=sequence)
 
@@ -174,6 +175,16 @@ def test_nsel_update_then_teardown_in_a_later_batch_counts_the_rest_once():
     assert second.state.nsel == {}  # the teardown forgets the flow
     again = _batch(_nsel(7, 2, (1600, 16, 70_000, 50), sequence=3), state=second.state)
     assert _ours(again.flows) == {("10.0.0.1", "192.0.2.80"): [1600, 16], ("192.0.2.80", "10.0.0.1"): [70_000, 50]}
+
+
+def test_nsel_update_counts_from_the_previous_update_to_its_observation_time():
+    ms = T // 1000
+    out = _batch(_nsel(9, 5, (100, 1, 200, 2), observed_ms=ms - 40_000),
+                 _nsel(9, 5, (300, 3, 0, 0), observed_ms=ms - 10_000, sequence=1),
+                 _nsel(9, 2, (500, 5, 200, 2), observed_ms=ms, sequence=2))
+    times = [(r["start_ts"].timestamp() * 1000 - ms, r["end_ts"].timestamp() * 1000 - ms, r["bytes"])
+             for r in out.flows.to_pylist()]
+    assert times == [(-60_000, -40_000, 100), (-60_000, -40_000, 200), (-40_000, -10_000, 300), (-10_000, 0, 100)]
 
 
 def test_nsel_memory_is_bounded_and_keeps_the_newest():

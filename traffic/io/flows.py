@@ -63,9 +63,13 @@ Decisions, for an operator:
   which its updates already reported. Each byte counts once: updates (and creates, 1) count what
   they say and are remembered per (exporter, format, domain, NF_F_CONN_ID 148), per direction; a
   teardown counts its totals minus what was remembered (not below 0) and forgets the connection.
-  The memory is part of ``state`` (``FlowState.nsel``, kept across batches), holds only integers in
-  0 .. 2**63 − 1, and is bounded: at most ``NSEL_MAX_CONNECTIONS`` (the most recently updated), none
-  more than ``NSEL_MAX_AGE_US`` (a day) older than the newest update. A record without a connection
+  Time: a record without an end field ends at its observationTimeMilliseconds (323) if it has one
+  (NSEL records do: flow start and observation time), and what
+  an update or teardown counts starts at the previous update of its connection (else at the flow's
+  start), so a long flow's updates land in the panes they happened in. The memory is part of
+  ``state`` (``FlowState.nsel``, kept across batches), holds only integers in 0 .. 2**63 − 1, and is
+  bounded: at most ``NSEL_MAX_CONNECTIONS`` (the most recently updated), none more than
+  ``NSEL_MAX_AGE_US`` (a day) older than the newest update. A record without a connection
   id, a teardown of a connection nothing remembers (its updates were never sent, or forgotten), and
   other events count what they say. Create and deny records without counters are no traffic: counted
   in ``skipped``, not rejected.
@@ -234,7 +238,7 @@ class FlowState:
     system_init: dict = field(default_factory=dict)
     samplers: dict = field(default_factory=dict)  # (exporter, format, domain, sampler/selector id) → rate
     #: NSEL: bytes and packets flow updates reported, per (exporter, format, domain, connection id):
-    #: [initiator bytes, packets, responder bytes, packets, last update µs], oldest first (``_nsel_once``)
+    #: [initiator bytes, packets, responder bytes, packets, last update's time µs], oldest first (``_nsel_once``)
     nsel: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -443,9 +447,11 @@ _BACKWARD = ((_REVERSE | 1, _REVERSE | 85, 232), (_REVERSE | 2, _REVERSE | 86, 2
 #: NSEL: NF_F_CONN_ID (148, flowId) and NF_F_FW_EVENT (233; 40005 on ASAs before 8.4, NetFlow v9 only).
 _CONN_ID, _EVENTS = 148, (233, 40005)
 _CREATE, _TEARDOWN, _UPDATE = 1, 2, 5
+#: observationTimeMilliseconds: a record's end when it has no end field (NSEL events carry it).
+_OBSERVED = 323
 _WANTED = {
     **{ie: range(1, 9) for ie in _COUNTERS + tuple(_REVERSE | c for c in _COUNTERS) + (231, 232, 298, 299)},
-    _CONN_ID: range(1, 9), 233: (1,), 40005: (1,),
+    _CONN_ID: range(1, 9), 233: (1,), 40005: (1,), _OBSERVED: (8,),
     4: (1,), 7: (1, 2), 11: (1, 2), 8: (4,), 12: (4,), 27: (16,), 28: (16,),
     21: (4,), 22: (4,), 150: (4,), 151: (4,), 152: (8,), 153: (8,), 154: (8,), 155: (8,),
     156: (8,), 157: (8,), 158: (4,), 159: (4,), 160: (8,),
@@ -455,7 +461,7 @@ _NAMES = {1: "bytes", 2: "packets", 85: "octetTotalCount", 86: "packetTotalCount
           _REVERSE | 1: "reverse bytes", _REVERSE | 2: "reverse packets", _REVERSE | 85: "reverseOctetTotalCount",
           _REVERSE | 86: "reversePacketTotalCount", 231: "initiator octets", 232: "responder octets",
           298: "initiator packets", 299: "responder packets", 148: "connection id", 233: "firewall event",
-          40005: "firewall event",
+          40005: "firewall event", _OBSERVED: "observationTimeMilliseconds",
           7: "source port", 11: "destination port", 8: "IPv4 source", 12: "IPv4 destination",
           27: "IPv6 source", 28: "IPv6 destination", 21: "end uptime", 22: "start uptime",
           150: "flowStartSeconds", 151: "flowEndSeconds", 152: "flowStartMilliseconds",
@@ -1106,6 +1112,9 @@ class _Decoder:
             system_init = np.where(said > 0, said, system_init)
         start_ts, start_bad = _flow_time(value, "start", export, uptime, system_init, netflow9)
         end_ts, end_bad = _flow_time(value, "end", export, uptime, system_init, netflow9)
+        if end_ts is None and _OBSERVED in value:  # NSEL: no end, but when the event was observed
+            end_bad = value[_OBSERVED] > np.uint64(_MAX_TS_US // 1000)
+            end_ts = np.where(end_bad, 0, value[_OBSERVED]).astype(np.int64) * 1000
         if start_ts is None and end_ts is None:
             start_ts = end_ts = export
             start_bad = end_bad = np.zeros(n, bool)
@@ -1258,16 +1267,24 @@ class _Decoder:
         """Count each NSEL byte once: an update counts what it says, a teardown only what no update reported.
 
         ``self.nsel`` remembers, per (exporter, format, domain, connection id), the bytes and packets
-        updates reported in each direction and when the last came; a teardown subtracts them (not
-        below 0) and forgets the connection. In place, in datagram order.
+        updates reported in each direction and the time of the last (its end: the observation time);
+        a teardown subtracts them (not below 0) and forgets the connection. What an update or teardown
+        counts happened since the previous update: its start moves up to that time. In place, in
+        datagram order.
         """
         rows = np.flatnonzero(column["tracked"])
         formats = self.column("format")
-        for k, context, event, conn, reverse, octets, packets in zip(
-                rows.tolist(), *(column[c][rows].tolist() for c in ("context", "event", "conn", "reverse",
+        start, end = column["start"], column["end"]
+        last_order, since = -1, None
+        for k, order, context, event, conn, reverse, octets, packets in zip(
+                rows.tolist(), *(column[c][rows].tolist() for c in ("order", "context", "event", "conn", "reverse",
                                                                      "bytes", "packets"))):
             key = (self.exporter[context], FORMATS[formats[context]], self.domain[context], conn)
             entry = self.nsel.get(key)
+            if order != last_order:  # a record's first direction: the time both of its directions start from
+                last_order, since = order, None if entry is None else entry[4]
+            if since is not None and start[k] < since <= end[k]:
+                start[k] = since
             d = 2 * reverse
             if event == _TEARDOWN:
                 if entry is None:
@@ -1281,7 +1298,7 @@ class _Decoder:
                 entry = self.nsel.pop(key, None) or [0, 0, 0, 0, 0]  # popped: re-inserted as the newest
                 entry[d] = min(entry[d] + octets, _INT64_MAX)
                 entry[d + 1] = min(entry[d + 1] + packets, _INT64_MAX)
-                entry[4] = max(entry[4], self.receive[context])
+                entry[4] = max(entry[4], int(end[k]))
                 self.nsel[key] = entry
 
     def _sequence_table(self) -> pa.Table:
