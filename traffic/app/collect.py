@@ -181,6 +181,22 @@ def sender_allowed(address: str, blocks) -> bool:
     return any(form in block for block in blocks for form in forms if form.version == block.version)
 
 
+def ipv4_blocks(blocks) -> tuple[tuple[int, int], ...]:
+    """(network, mask) integers of the blocks an IPv4 sender may match: the IPv4 blocks, an IPv4-mapped
+    block as IPv4, and an IPv6 block holding all of ``::ffff:0:0/96`` as 0.0.0.0/0 (``sender_allowed``'s rule,
+    precomputed so a flood of refused IPv4 senders costs integer tests, not ``ipaddress`` objects)."""
+    mapped = ipaddress.ip_network("::ffff:0:0/96")
+    found = []
+    for block in blocks:
+        if block.version == 6 and block.prefixlen >= 96 and block.subnet_of(mapped):
+            block = ipaddress.ip_network(f"{block.network_address.ipv4_mapped}/{block.prefixlen - 96}")
+        elif block.version == 6 and block.prefixlen < 96 and mapped.subnet_of(block):
+            block = ipaddress.ip_network("0.0.0.0/0")
+        if block.version == 4:
+            found.append((int(block.network_address), int(block.netmask)))
+    return tuple(found)
+
+
 def check_who_may_export(options: "CollectOptions") -> None:
     """A listen other machines can reach needs ``allowed_exporters`` or an explicit ``--allow-any``
     (DESIGN §7a): UDP senders can be spoofed, and every sender would otherwise become a source.
@@ -324,6 +340,7 @@ class Collector:
         self.refused: dict[str, _Refused] = {}
         self.refused_others = _Refused("others")
         self._take_any = options.allow_any or not options.allow
+        self._ipv4_blocks = ipv4_blocks(options.allow)
         self.files_written = 0
         self.started_at = time.time()
         self._pending = 0
@@ -469,26 +486,24 @@ class Collector:
         """Take every datagram waiting on every socket now, without blocking (for a collector driven
         in-process instead of by ``serve``); returns the datagrams received so far."""
         for listener in self.listeners:
-            before = -1
-            while self.totals()[0] != before:
-                before = self.totals()[0]
-                self._drain(listener)
+            while self._drain(listener) == _BATCH:  # a full batch: more may wait (dropped ones count too)
+                pass
         return self.totals()[0]
 
     def complete(self) -> None:
         """Flush and complete every open file now (as at the end of a rotation period)."""
         self._rotate()
 
-    def _drain(self, listener: _Listener) -> None:
-        """Take up to ``_BATCH`` datagrams waiting on one socket."""
+    def _drain(self, listener: _Listener) -> int:
+        """Take up to ``_BATCH`` datagrams waiting on one socket; how many were taken."""
         recv, buffers, view = listener.sock.recvmsg_into, [self._buffer], self._view
         exporters, port = self.exporters, listener.endpoint.port
         destination = None if listener.endpoint.wildcard else listener.endpoint.host
-        for _ in range(_BATCH):
+        for taken in range(_BATCH):
             try:
                 size, ancillary, flags, sender = recv(buffers, _ANCILLARY)
             except (BlockingIOError, InterruptedError):
-                return
+                return taken
             ts_us, target = 0, destination
             for level, kind, data in ancillary:
                 if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMP:
@@ -515,6 +530,7 @@ class Collector:
             self._pending += 1
         if self._pending >= self.options.flush_datagrams:
             self._flush()
+        return _BATCH
 
     def _admit(self, host: str) -> _Exporter | None:
         """The exporter of a sender seen for the first time (or refused before: None again).
@@ -523,9 +539,14 @@ class Collector:
         its line in the bounded ``refused`` table."""
         if host in self.refused:
             return None
-        if self._take_any or sender_allowed(canonical_ip(host.split("%", 1)[0]), self.options.allow):
+        if self._take_any:
             return self._exporter(host)
-        return None
+        if ":" not in host:  # IPv4, as the kernel writes it: integer masks, a spoofing flood's usual shape
+            number = int.from_bytes(socket.inet_aton(host), "big")
+            allowed = any(number & mask == network for network, mask in self._ipv4_blocks)
+        else:
+            allowed = sender_allowed(canonical_ip(host.split("%", 1)[0]), self.options.allow)
+        return self._exporter(host) if allowed else None
 
     def _refuse(self, host: str, size: int, ts_us: int) -> None:
         """Count a dropped datagram for its sender, or in ``others`` once the table is full."""
