@@ -4,6 +4,13 @@ One batch is planned on the driver without Spark (an empty inbox never starts a 
 journaled, then executed by Spark. Every table write is idempotent by the batch id
 (Delta app transaction ``ingest``/``batch_id``), and the ``batches`` row is written last,
 so a batch killed at any point and run again ends exactly as an uninterrupted one.
+
+Flow telemetry's data waiting for its template (DESIGN §7a) expires by the watermark too: once the
+watermark after a batch has passed a waiting set's receive time plus ``template_wait``, that batch
+rejects the set ("its template never arrived") and writes the source's state without it, even when
+the source sent nothing in the batch (its state is journaled with the plan, so a batch run again
+rejects the same sets, once). A replay or restatement decodes with its own state and never writes
+the live one (``traffic.accounting.replay``); what of the archive still waits when it ends is rejected.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from traffic.core.clock import ClockState, advance
 from traffic.core.periods import from_micros, future_limit, history_floor, hour_floor, hours_between, micros, month_start
 from traffic.core.settings import Settings
 from traffic.io import inbox as inbox_mod
+from traffic.io.flows import expire_waiting
 from traffic.io.readers import FLOWS
+from traffic.io.telemetry import TelemetryState
 from traffic.runtime import jvm
 from traffic.runtime.spark import task_slots
 from traffic.storage import state as st
@@ -80,8 +89,9 @@ def plan_batch(settings: Settings, warehouse: Warehouse) -> dict | None:
         "started_at": datetime.now(UTC).isoformat(),
         "now": settings.processing_now().isoformat(),
         "state_before": st.state_to_json(before),
-        # Journaled with the plan, so a batch run again decodes with the templates it first had.
-        "flow_state": st.read_flow_states(warehouse, telemetry),
+        # Journaled with the plan, so a batch run again decodes with the templates it first had (and
+        # expires the same waiting data of sources that sent nothing this time).
+        "flow_state": st.read_flow_states(warehouse, telemetry, waiting=True),
         "files": [asdict(f) for f in planned],
     }
 
@@ -255,6 +265,9 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     read = _read(warehouse, plan, progress)
     timings["read_parse"] = time.perf_counter() - clock
     tally = _tally(warehouse.settings, plan, read.summary)
+    read, flow_states = _expire_waiting(warehouse.settings, plan, read, tally)
+    if read.summary is not tally.summary:
+        tally = _tally(warehouse.settings, plan, read.summary)  # (rejects move no clock: only the counts change)
     clock = time.perf_counter()
     _write_raw(warehouse, plan, read, tally)
     timings["write_raw"] = time.perf_counter() - clock
@@ -262,7 +275,7 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     _write_hours(warehouse, plan, read, tally)
     timings["write_hours"] = time.perf_counter() - clock
     clock = time.perf_counter()
-    result = _commit(warehouse, plan, read, tally)
+    result = _commit(warehouse, plan, read, tally, flow_states)
     timings["commit_state"] = time.perf_counter() - clock
     warehouse.drop_scratch(read.scratch)
     result.seconds = timings
@@ -277,7 +290,7 @@ class _Read:
     attempts: dict[int, int]  # chunk → the attempt whose parts count
     staged: dict[str, Staged | None]  # raw table → staged files (None: already committed)
     files: list[dict]  # the plan's files, with what reading them found
-    changed_rejects: pa.Table  # one reject per planned file not read
+    changed_rejects: pa.Table  # rejects made on the driver: a planned file not read, waiting data expired
     summary: list[dict]  # per (fate, source, pane): records, bytes, newest time
 
 
@@ -291,6 +304,7 @@ class _Tally:
     on_time_hours: list[datetime]
     before: ClockState
     after: ClockState
+    summary: list[dict] = field(default_factory=list)  # what it was computed from
 
 
 def _restated_hours(plan: dict) -> list[datetime]:
@@ -376,7 +390,7 @@ def _tally(settings: Settings, plan: dict, summary: list[dict]) -> _Tally:
     before = st.state_from_json(plan["state_before"])
     after = advance(before, batch_clocks, plan["batch_id"], settings.allowed_lateness, settings.source_timeout,
                     on_time_hours[0] if on_time_hours else None, settings.source_lateness)
-    return _Tally(counts, weights, volume, on_time_hours, before, after)
+    return _Tally(counts, weights, volume, on_time_hours, before, after, summary)
 
 
 def _write_raw(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -> None:
@@ -443,16 +457,70 @@ def _account_parts(warehouse: Warehouse, read: _Read) -> pa.Table:
     return parts.read_parts(scratch, "accounts", read.attempts)
 
 
-def _commit(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -> BatchResult:
-    """Write the clocks, then the ``batches`` row: the batch is done once that row exists."""
+def _replays(plan: dict) -> bool:
+    """A replay or restatement batch: it decodes with its own flow state and never writes the live one."""
+    return plan.get("mode") in ("replay", "restate")
+
+
+def _expire_waiting(settings: Settings, plan: dict, read: _Read, tally: _Tally) -> tuple[_Read, dict[str, dict]]:
+    """The flow states this batch leaves, and ``read`` with the waiting data they no longer hold as rejects.
+
+    An ingest batch rejects the waiting sets the watermark has passed by ``template_wait`` (their
+    template never arrived), in the states its tasks left and in the journaled states of sources that
+    sent nothing this batch; it writes those states. A replay or restatement rejects every set its own
+    decoding left waiting (the archive has no later file) and writes no state (DESIGN §7a).
+    """
+    telemetry = st.rows(parts.read_parts(str(read.scratch), "telemetry", read.attempts))
+    after = {r["source"]: json.loads(r["state"]) for r in telemetry}
+    if _replays(plan):
+        before_us, journaled = _NEVER, {}
+    else:
+        watermark = tally.after.watermark
+        before_us = None if watermark is None else micros(watermark) - int(settings.template_wait.total_seconds()
+                                                                             * 1_000_000)
+        journaled = {s: doc for s, doc in plan.get("flow_state", {}).items() if s not in after}
+    expired, states = [], {}
+    for source, doc in sorted({**journaled, **after}.items()):
+        state = TelemetryState.from_json(doc)
+        if before_us is not None and state.waiting.sets:
+            rejects, kept = expire_waiting(state.waiting, before_us=before_us, source=source, input_file="")
+            if rejects.num_rows:
+                expired.append(rejects)
+                doc = replace(state, waiting=kept).to_json()
+            elif source in journaled:
+                continue  # a source that sent nothing and lost nothing: its state stays as it is
+        states[source] = doc
+    if not expired:
+        return read, ({} if _replays(plan) else states)
+    rejects = pa.concat_tables(expired).select(parts.REJECT_ROWS.names).cast(parts.REJECT_ROWS)
+    rows = [{"fate": B.REJECT, "source": source, "pane": None, "records": count, "packets": 0, "bytes": 0,
+             "max_ts": None} for source, count in sorted(_count_by(rejects.column("source").to_pylist()).items())]
+    read = replace(read, changed_rejects=pa.concat_tables([read.changed_rejects, rejects]),
+                   summary=read.summary + rows)
+    return read, ({} if _replays(plan) else states)
+
+
+#: Before any receive time: a replay's waiting data all expires when its files end.
+_NEVER = 1 << 62
+
+
+def _count_by(values: list) -> dict:
+    counts: dict = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+def _commit(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally, flow_states: dict[str, dict]
+            ) -> BatchResult:
+    """Write the flow states and clocks, then the ``batches`` row: the batch is done once that row exists."""
     txn, counts, volume = (APP, plan["batch_id"]), tally.counts, tally.volume
     telemetry = st.rows(parts.read_parts(str(read.scratch), "telemetry", read.attempts))
     skipped: dict[str, int] = {}
     for row in telemetry:
         for kind, count in json.loads(row["skipped"]).items():
             skipped[kind] = skipped.get(kind, 0) + count
-    st.write_flow_states(warehouse, {r["source"]: json.loads(r["state"]) for r in telemetry}, plan["batch_id"],
-                         txn=txn)
+    st.write_flow_states(warehouse, flow_states, plan["batch_id"], txn=txn)
     warehouse.table("clocks").overwrite(st.clock_table(tally.after), txn=txn, op="ingest")
     files = read.files
     time_range = tuple(datetime.fromisoformat(t) for t in plan["range"]) if plan.get("range") else None

@@ -11,6 +11,16 @@ accounting still reconciles to the byte.
 Files are keyed by (source, content) and range: replaying the same file over the same (or an
 overlapping) range again is a recorded duplicate, not a second count — except in a
 restatement, which replaces the range by design.
+
+Flow telemetry (DESIGN §7a) is decoded with the replay's own state: the templates and rates the
+archive teaches, falling back to a **read-only copy** of the live source's templates and rates,
+journaled with the plan. The copy leaves out the live data waiting for its template (it belongs to
+the live source: a replay never decodes, expires or drops it) and the live sequence numbers (an
+archive's sequence is its own, so a replay counts neither false losses nor false restarts against
+the live stream). Nothing a replay decodes is written back: the live decoder state after a replay
+or restatement is the one before it. Data of the archive still waiting for its template when the
+replayed files end is rejected by the replay batch ("its template never arrived"): no later file of
+the replay can bring that template.
 """
 
 from __future__ import annotations
@@ -20,6 +30,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from traffic.io import inbox as inbox_mod
+from traffic.io.readers import FLOWS
+from traffic.io.telemetry import TelemetryState
 from traffic.storage import state as st
 from traffic.core.periods import hour_floor, hours_between
 from traffic.storage.delta import Warehouse
@@ -88,5 +100,21 @@ def plan_replay(settings: Settings, warehouse: Warehouse, input_dir: Path, start
         "range": [start.isoformat(), end.isoformat()],
         "restate": restate,
         "bytes_withdrawn": withdrawn,
+        # Journaled with the plan, so a replay run again decodes with the copy it first had.
+        "flow_state": read_only_flow_states(warehouse, {f["source"] for f in files if f.get("format") == FLOWS
+                                                        and f["status"] in inbox_mod.TO_READ}),
         "files": files,
     }
+
+
+def read_only_flow_states(warehouse: Warehouse, sources) -> dict[str, dict]:
+    """The live decoder knowledge of ``sources`` a replay may fall back on: templates and sampling facts only.
+
+    Waiting data and sequence numbers stay with the live source (see the module docstring); ingest
+    never writes the flow state of a replay or restatement batch back.
+    """
+    copies = {}
+    for source, doc in st.read_flow_states(warehouse, sources).items():
+        live = TelemetryState.from_json(doc)
+        copies[source] = TelemetryState(flows=live.flows).to_json()
+    return copies

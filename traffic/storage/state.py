@@ -173,14 +173,51 @@ def write_ledger_rows(warehouse: Warehouse, changed: list[dict], txn=None, op: s
     return table.replace(data, keys=keys, txn=txn, op=op)
 
 
-def read_flow_states(warehouse: Warehouse, sources) -> dict[str, dict]:
-    """The flow telemetry state each of ``sources`` left (DESIGN §7a), as JSON documents; none if never seen."""
+def read_flow_states(warehouse: Warehouse, sources, waiting: bool = False) -> dict[str, dict]:
+    """The flow telemetry state each of ``sources`` left (DESIGN §7a), as JSON documents; none if never seen.
+
+    With ``waiting``, also the state of every other source that holds data waiting for its template
+    (ingest expires it by the watermark even when its source sends nothing more).
+    """
     wanted = set(sources)
-    if not wanted:
-        return {}
+    if (not wanted and not waiting) or not warehouse.table("flow_state").exists():
+        return {}  # (a warehouse made before flow telemetry has no such table until its next ingest)
     table = warehouse.table("flow_state").read_arrow(columns=["source", "state"])
-    return {s: json.loads(doc) for s, doc in zip(table.column("source").to_pylist(), table.column("state").to_pylist())
-            if s in wanted and doc}
+    states = {}
+    for source, text in zip(table.column("source").to_pylist(), table.column("state").to_pylist()):
+        if not text:
+            continue
+        doc = json.loads(text)
+        if source in wanted or (waiting and _waiting_sets(doc)):
+            states[source] = doc
+    return states
+
+
+def _waiting_sets(doc: dict) -> list[dict]:
+    """The waiting data sets of a telemetry state document (``TelemetryState.to_json``: ``waiting`` is a list
+    of sets, each with its receive time in µs and its body in hex)."""
+    sets = doc.get("waiting") if isinstance(doc, dict) else None
+    return sets if isinstance(sets, list) else []
+
+
+def waiting_by_source(warehouse: Warehouse, every_source: bool = False) -> dict[str, dict]:
+    """Per flow source with data waiting for its template (``every_source``: per flow source, 0 without):
+    ``sets``, ``bytes`` (of the sets' records) and ``oldest`` (the receive time of the oldest set, UTC, or
+    None). For ``traffic status`` and the metrics."""
+    out = {}
+    every = _all_flow_sources(warehouse) if every_source else ()
+    for source, doc in read_flow_states(warehouse, every, waiting=True).items():
+        sets = _waiting_sets(doc)
+        received = [s["receive_ts"] for s in sets if isinstance(s.get("receive_ts"), int)]
+        out[source] = {"sets": len(sets), "bytes": sum(len(s.get("body") or "") // 2 for s in sets),
+                       "oldest": _EPOCH + timedelta(microseconds=min(received)) if received else None}
+    return out
+
+
+def _all_flow_sources(warehouse: Warehouse) -> list[str]:
+    if not warehouse.table("flow_state").exists():
+        return []
+    return warehouse.table("flow_state").read_arrow(columns=["source"]).column("source").to_pylist()
 
 
 def write_flow_states(warehouse: Warehouse, states: dict[str, dict], batch_id: int, txn=None, op: str = "ingest"
