@@ -170,7 +170,9 @@ def cmd_accept(args, settings, spark) -> int:
 
 
 def cmd_status(args, settings, spark) -> int:
-    from traffic.reporting.report import status  # deferred: per command (see the docstring)
+    from datetime import timedelta
+
+    from traffic.reporting.report import _span, status  # deferred: per command (see the docstring)
 
     info = status(settings)
     if args.json:
@@ -193,6 +195,14 @@ def cmd_status(args, settings, spark) -> int:
         flows = info["telemetry"]
         print(f"flows       last {flows['hours']} closed hours: {flows['estimated_share']:.1%} of bytes estimated "
               f"from samples; {flows['lost']:,} export sequence units lost in {flows['hours_with_losses']} hour(s)")
+    for source, waiting in sorted(info.get("waiting", {}).items()):
+        # Receive times are the collector's wall clock: the age is measured by this machine's (or `now`).
+        oldest = waiting["oldest"]
+        age = max(settings.processing_now() - oldest, timedelta(0)) if oldest else None
+        since = (f" since {fmt_ts(oldest)} ({_span(age)} ago; rejected once the watermark passes "
+                 f"{fmt_ts(oldest + settings.template_wait)})") if oldest else ""
+        print(f"  waiting {printable(source):<15} {waiting['sets']:,} flow data set(s), {waiting['bytes']:,} bytes "
+              f"for their template{since}")
     print("tables      " + ", ".join(f"{t} v{v}" for t, v in info["versions"].items()))
     for warning in info["warnings"]:
         print(f"warning     {printable(warning)}")

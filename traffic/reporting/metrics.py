@@ -353,14 +353,28 @@ def _close_families(warehouse: Warehouse) -> list:
 
 
 def _flow_families(warehouse: Warehouse, clock) -> list:
-    """Lost export datagrams per source (every source listed, 0 without losses)."""
+    """Lost export datagrams per source (every source listed, 0 without losses), and the data waiting for its
+    template per flow source: sets and bytes (0 without), and the receive time of the oldest set (only while
+    some wait)."""
     family = _gauge("traffic_flow_export_lost", f"Export sequence units lost (flow telemetry: NetFlow v5/IPFIX "
                     f"records, NetFlow v9/sFlow datagrams) in the {LOST_WINDOW.total_seconds() / 3600:g} hours up to "
                     "the newest source clock", labels=["source"])
     lost = _lost_by_source(warehouse, clock.newest())
     for source in sorted(set(clock.clocks) | set(lost)):
         family.add_metric([source], lost.get(source, 0))
-    return [family]
+    sets = _gauge("traffic_flow_waiting_sets", "NetFlow v9/IPFIX data sets waiting for their template (rejected "
+                  "once the watermark passes their receive time by template_wait)", labels=["source"])
+    size = _gauge("traffic_flow_waiting_bytes", "Bytes of the data sets waiting for their template",
+                  labels=["source"])
+    oldest = _gauge("traffic_flow_waiting_oldest_timestamp_seconds", "Collector receive time (wall clock, unix "
+                    "seconds) of the oldest data set waiting for its template; absent while none waits",
+                    labels=["source"])
+    for source, waiting in sorted(st.waiting_by_source(warehouse, every_source=True).items()):
+        sets.add_metric([source], waiting["sets"])
+        size.add_metric([source], waiting["bytes"])
+        if waiting["oldest"] is not None:
+            oldest.add_metric([source], waiting["oldest"].timestamp())
+    return [family, sets, size, oldest]
 
 
 def _account_families(warehouse: Warehouse, watermark: datetime | None) -> list:

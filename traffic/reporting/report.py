@@ -27,7 +27,7 @@ def _warehouse(settings: Settings) -> Warehouse:
 
 
 def status(settings: Settings) -> dict:
-    """Watermark, clocks, open hours, last closed periods, table versions."""
+    """Watermark, clocks, open hours, last closed periods, flow data waiting for its template, table versions."""
     warehouse = _warehouse(settings)
     state = st.read_clock_state(warehouse)
     ledger = st.read_ledger(warehouse)
@@ -52,6 +52,9 @@ def status(settings: Settings) -> dict:
         "last_closed": last,
         "pending_batch": pending["batch_id"] if pending else None,
         "telemetry": telemetry_health(ledger),
+        # Flow data waiting for its template, per source (DESIGN §7a): it is rejected once the watermark
+        # passes its receive time by template_wait.
+        "waiting": st.waiting_by_source(warehouse),
         # A table added by an upgrade is created by the next ingest or close; until then it has no version.
         "versions": {name: warehouse.table(name).version() for name in TABLES if warehouse.table(name).exists()},
     }
