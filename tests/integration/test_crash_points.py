@@ -3,7 +3,9 @@
 Every fault point of the Delta layer (files written / committed, per table and operation)
 reached by a scenario of two ingests and two closes is enumerated from a clean run. Each ingest
 takes a router feed and a flow telemetry file (IPFIX, one of whose data sets waits a batch for
-its template), so the telemetry state's writes are killed too. A step that
+its template), so the telemetry state's writes are killed too; the first also brings a source
+that sends nothing more, whose waiting data the watermark expires in the second ingest (a reject
+and a state written by a batch without that source's files: counted once). A step that
 recurs in the second ingest (close) is killed there only, so each distinct write step is killed
 once (48 of the 80 points the scenario passes). For each one, the scenario runs up to the command
 in which that point happens, runs that command as a
@@ -75,6 +77,15 @@ def _telemetry(number: int) -> bytes:
     return fe.collector_file(datagrams)
 
 
+def _quiet_telemetry() -> bytes:
+    """A second exporter's only file: one IPFIX data set whose template never comes (DESIGN §7a)."""
+    v6 = [(27, 16), (28, 16), (7, 2), (11, 2), (4, 1), (1, 8), (2, 8), (152, 8), (153, 8)]
+    at = int((T0 + timedelta(hours=1, minutes=50)).timestamp()) * 1_000_000
+    data = fe.data_set(400, [fe.record(v6, fe.flow_values(fe.Flow("2001:db8:ffff::2", "2001:db8:1::7", 53, 5353, 17,
+                                                                  800, 2, at, at)))])
+    return fe.collector_file([(at, "192.0.2.251", 4739, fe.ipfix([data], export_s=at // 1_000_000, domain=5))])
+
+
 def _deliver(harness: Harness, number: int) -> None:
     """Delivery ``number``: a router feed and a telemetry file (already there when a command is rerun)."""
     source, text = _deliveries()[number]
@@ -84,6 +95,10 @@ def _deliver(harness: Harness, number: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / f"t{number}.flows.pcap").exists():
         (folder / f"t{number}.flows.pcap").write_bytes(_telemetry(number))
+    quiet = harness.root / "inbox" / "quiet"
+    if number == 0 and not (quiet / "q.flows.pcap").exists():
+        quiet.mkdir(parents=True, exist_ok=True)
+        (quiet / "q.flows.pcap").write_bytes(_quiet_telemetry())
 
 
 SCENARIO = ["ingest", "close", "ingest", "close"]
@@ -252,6 +267,20 @@ def test_sigkill_at_every_write_step_then_rerun_equals_uninterrupted(spark, scen
     for number, (point, index) in enumerate(killed):
         harness = _kill_and_rerun(spark, tmp_path / f"p{number}", scenario, point, index, connect_server.url, forks)
         _assert_converged(harness, tables[index + 1], point)
+
+
+def test_waiting_data_expired_by_the_watermark_is_rejected_once_whatever_the_kill(spark, scenario, connect_server,
+                                                                                 forks, tmp_path):
+    """The second ingest rejects the quiet source's waiting data (no file of it in that batch): killed after its
+    rejects are committed, or after the states are, the rerun neither loses nor repeats the reject."""
+    _, tables, points = scenario
+    second = SCENARIO.index("ingest", 1)
+    before, after = ([r for r in tables[i]["rejects"] if "'source': 'quiet'" in r] for i in (second, second + 1))
+    assert not before and len(after) == 1 and "its template never arrived" in after[0]
+    for number, step in enumerate(("rejects.ingest.committed", "flow_state.ingest.committed")):
+        point = next(p for p, i in points if p.startswith(step) and i == second)
+        harness = _kill_and_rerun(spark, tmp_path / f"w{number}", scenario, point, second, connect_server.url, forks)
+        _assert_converged(harness, tables[second + 1], point)
 
 
 @pytest.mark.slow
