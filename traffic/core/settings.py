@@ -254,7 +254,7 @@ _PARSERS = {
     "sampling_rates": lambda n, v: _parse_per_source(n, v, _parse_rate),
     "source_lateness": lambda n, v: _parse_per_source(n, v, parse_duration),
     "template_wait": parse_duration,
-    "now": parse_time,
+    "now": lambda n, v: _parse_now(n, v),
     "fault_at": lambda n, v: None if v in (None, "") else str(v),
     "extra": lambda n, v: dict(v),
 }
