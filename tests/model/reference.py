@@ -574,3 +574,110 @@ def late_shares(start: int, end: int, amount: int, watermark: int | None) -> tup
         else:
             on_time += share
     return on_time, late
+
+
+# --- export sequence losses (DESIGN §7a "Loss") -------------------------------------------------
+
+#: The window the docs state: a gap waits for this many more datagrams of its stream moving forward.
+REORDER_WINDOW = 64
+SEQUENCE_SPACE = 1 << 32
+
+
+class LossModel:
+    """Lost export sequence units per pane, the obvious way: every missing number is kept by itself.
+
+    Per stream: the number expected next, every forward datagram's first number, and a dict of the
+    missing numbers, each tagged with the pane and the forward count of the datagram that revealed
+    it. A late datagram removes the numbers it carries; a number still missing when 64 more forward
+    datagrams have come is lost in its tag's pane. A datagram in no gap and not among the last 64
+    forward datagrams' numbers (behind, or 2**31 or more ahead in raw numbers) is a restart if the
+    next datagram continues it, a stray if the next continues the old stream. Gaps are small in the
+    tests (a number per entry), so this is only for them.
+    """
+
+    def __init__(self):
+        self.streams: dict = {}
+        self.lost: dict[int, int] = defaultdict(int)
+
+    def datagram(self, key, number: int, units: int | None, pane: int, uptime: int | None = None) -> None:
+        s = self.streams.get(key)
+        if s is None or (uptime is not None and s["uptime"] is not None and uptime < s["uptime"]):
+            if s is not None:
+                self._lose_all(s)
+            self.streams[key] = self._started(number, units, uptime)
+            return
+        verdict = self._verdict(s, number)
+        if verdict != "other":
+            s["candidate"] = None
+            self._apply(s, verdict, number, units, pane, uptime)
+            return
+        if s["candidate"] is not None:
+            new = self._started(*s["candidate"], None)
+            verdict = self._verdict(new, number)
+            if verdict in ("next", "gap"):
+                self._lose_all(s)
+                self.streams[key] = new
+                self._apply(new, verdict, number, units, pane, uptime)
+                return
+            if verdict == "duplicate":
+                return
+        s["candidate"] = (number, units)
+
+    @staticmethod
+    def _started(number: int, units: int | None, uptime: int | None) -> dict:
+        s = {"next": None, "starts": [], "missing": {}, "uptime": None, "candidate": None}
+        LossModel._forward(s, number, units, uptime, None)
+        return s
+
+    @staticmethod
+    def _verdict(s: dict, number: int) -> str:
+        if number in s["missing"]:
+            return "fill"
+        if number == s["next"]:
+            return "next"
+        last = s["starts"][-1]
+        if s["next"] is None and last < number < last + 2**31:
+            return "next"  # after a datagram of unknown length: ahead of it, no gap can be judged
+        window = s["starts"][-REORDER_WINDOW:]
+        # The numbers from the oldest forward datagram in the window up to the one expected next
+        # (or, its length unknown, up to the last one's first number).
+        top = last if s["next"] is None else s["next"]
+        span = (top - window[0]) % SEQUENCE_SPACE
+        behind = (top - number) % SEQUENCE_SPACE
+        if behind <= span and behind < 2**31:
+            return "duplicate"
+        if s["next"] is not None and s["next"] < number < s["next"] + 2**31:
+            return "gap"
+        return "other"
+
+    def _apply(self, s: dict, verdict: str, number: int, units: int | None, pane: int, uptime) -> None:
+        if verdict == "fill":
+            tag = s["missing"][number]
+            n = number
+            # Its units, or (unknown length) the rest of its gap: the missing numbers that follow with its tag.
+            while n in s["missing"] and s["missing"][n] == tag and (units is None or (n - number) % SEQUENCE_SPACE < units):
+                del s["missing"][n]
+                n = (n + 1) % SEQUENCE_SPACE
+            return
+        if verdict == "gap":
+            assert number - s["next"] < 10**6, "the model keeps every missing number: tests keep gaps small"
+            for n in range(s["next"], number):
+                s["missing"][n] = (pane, len(s["starts"]))
+        if verdict in ("next", "gap"):
+            self._forward(s, number, units, uptime, self)
+
+    @staticmethod
+    def _forward(s: dict, number: int, units: int | None, uptime, model) -> None:
+        s["next"] = None if units is None else (number + units) % SEQUENCE_SPACE
+        s["starts"].append(number)
+        if uptime is not None:
+            s["uptime"] = uptime
+        for n, (pane, opened) in list(s["missing"].items()):
+            if len(s["starts"]) - opened > REORDER_WINDOW:
+                del s["missing"][n]
+                model.lost[pane] += 1
+
+    def _lose_all(self, s: dict) -> None:
+        for pane, _ in s["missing"].values():
+            self.lost[pane] += 1
+        s["missing"].clear()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -191,7 +191,8 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
     try:
         if row["format"] == FLOWS:
             telemetry = read_telemetry(files, TelemetryState.from_json(rules.flow_states.get(row["source"])),
-                                       source=row["source"], rules=_telemetry_rules(settings, row["source"]))
+                                       source=row["source"],
+                                       rules=_telemetry_rules(settings, row["source"], rules.watermark_before))
             parsed = telemetry.parsed.cast(PARSED_SCHEMA)
         else:
             parsed = parse_bytes(data, row["format"], source=row["source"], input_file=row["name"],
@@ -243,10 +244,19 @@ def _save(rules: Rules, what: str, chunk: int, table: pa.Table) -> None:
     save_part(rules.scratch, what, chunk, rules.attempt, table)
 
 
-def _telemetry_rules(settings, source: str) -> TelemetryRules:
+def _telemetry_rules(settings, source: str, watermark: datetime | None) -> TelemetryRules:
+    """What ``read_telemetry`` needs: the settings, and the watermark before the batch (waiting data
+    expires by it too, DESIGN §7a)."""
     return TelemetryRules(local_networks=tuple(settings.local_networks), keep_transit=settings.keep_transit,
                           sampling_rate=settings.sampling_rates.get(source),
-                          template_wait_us=int(settings.template_wait.total_seconds() * 1_000_000))
+                          template_wait_us=micros_of(settings.template_wait),
+                          max_flow_duration_us=micros_of(settings.max_flow_duration),
+                          watermark_us=micros(watermark) if watermark is not None else None)
+
+
+def micros_of(span: timedelta) -> int:
+    """A duration in whole microseconds (exact: no float)."""
+    return span // timedelta(microseconds=1)
 
 
 def task_function(rules: Rules, chunk_rows: list[dict]):

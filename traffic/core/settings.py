@@ -193,6 +193,11 @@ class Settings:
     sampling_rates: Mapping[str, int] = field(default_factory=dict)
     source_lateness: Mapping[str, timedelta] = field(default_factory=dict)
     template_wait: timedelta = timedelta(hours=1)
+    # A flow record lasting longer than this is rejected before it is split into 5-minute shares
+    # (§7a "Bounds": one record costs at most max_flow_duration / 5 min shares, 2,305 at 8 days).
+    # Routers cut long flows at their active timeout (at most 30-60 minutes); softflowd's default
+    # maximum flow life is 7 days, the longest of any exporter we know; 8 days leaves a day's margin.
+    max_flow_duration: timedelta = timedelta(days=8)
     now: datetime | None = None
     fault_at: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -254,6 +259,7 @@ _PARSERS = {
     "sampling_rates": lambda n, v: _parse_per_source(n, v, _parse_rate),
     "source_lateness": lambda n, v: _parse_per_source(n, v, parse_duration),
     "template_wait": parse_duration,
+    "max_flow_duration": parse_duration,
     "now": lambda n, v: _parse_now(n, v),
     "fault_at": lambda n, v: None if v in (None, "") else str(v),
     "extra": lambda n, v: dict(v),

@@ -13,7 +13,11 @@ order they were written, and that source's telemetry state from earlier batches,
   pane (the newest). Whatever cannot be decoded is a ``reject`` with its reason.
 * ``lost``: per (source, 5-minute pane), the sequence units missing before a datagram of that pane:
   NetFlow v5 and IPFIX count records, NetFlow v9 and sFlow datagrams. A stream is (exporter,
-  format, domain); a jump of 2**31 or more is taken for a restart, not a loss.
+  format, domain). Reordering is not loss: a gap waits for the next ``REORDER_WINDOW`` (64)
+  datagrams of its stream, a late datagram fills it, and only what is still missing then counts,
+  in the pane of the datagram that revealed the gap; a duplicate costs nothing; a restart (the
+  number going back past the window, a jump of 2**31 or more, the uptime going back) starts a new
+  sequence and loses nothing (``judge_sequence``).
 * ``state``: templates, sampling facts, data waiting for its template and each stream's last
   sequence, to keep for the next batch (``TelemetryState.to_json``).
 * ``skipped``: what is not traffic (counter samples, options data, …), counted by kind.
@@ -21,7 +25,14 @@ order they were written, and that source's telemetry state from earlier batches,
 Sampling: the per-source ``sampling_rates`` setting overrides what the exporter says; a record
 whose exporter says nothing and whose source has no setting counts as unsampled (rate 1).
 Data whose template has not arrived waits in the state; data received more than ``template_wait``
-before the newest datagram of the batch is rejected ("its template never arrived").
+before the later of the newest datagram of the batch and the watermark before the batch is rejected
+("its template never arrived"; ``expire_waiting_by``): a source that sends nothing newer cannot keep
+its waiting data for ever.
+
+Bounds (§7a), record by record, before a flow is split: a flow lasting longer than
+``max_flow_duration`` (default 8 days: one record is at most 2,305 pane shares), bytes or packets
+whose value × sampling rate would pass 2**63 − 1, and a rate above 2**31 − 1 are each one reject
+with the reason; the other records of the datagram count.
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ from traffic.core.records import PACKET, PARSED_SCHEMA, REJECT, TICK
 from traffic.io.captures import Datagrams, udp_datagrams
 from traffic.io.flows import FlowState, Waiting, decode, decode_waiting, expire_waiting
 
-__all__ = ["TelemetryRules", "TelemetryState", "Telemetry", "LOST_SCHEMA", "read_telemetry"]
+__all__ = ["TelemetryRules", "TelemetryState", "Telemetry", "LOST_SCHEMA", "read_telemetry", "expire_waiting_by"]
 
 _TS = pa.timestamp("us", tz="UTC")
 _PANE_US = 300_000_000
@@ -58,6 +69,10 @@ class TelemetryRules:
     keep_transit: bool = False
     sampling_rate: int | None = None  # the source's ``sampling_rates`` setting
     template_wait_us: int = 3_600_000_000
+    max_flow_duration_us: int = 8 * 86_400_000_000  # the ``max_flow_duration`` setting
+    # The watermark before the batch (µs; None: none yet): waiting data older than it less
+    # ``template_wait`` expires even when its own source sends nothing newer (``expire_waiting_by``).
+    watermark_us: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,20 +81,20 @@ class TelemetryState:
 
     flows: FlowState = field(default_factory=FlowState)
     waiting: Waiting = field(default_factory=Waiting)
-    # (exporter, format, domain) → (last sequence number, units it advanced by; None: unknown)
+    # (exporter, format, domain) → its ``Stream`` (next number, open gaps, ...: ``judge_sequence``)
     streams: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"flows": self.flows.to_json(), "waiting": self.waiting.to_json(),
-                "streams": [[e, f, d, seq, units] for (e, f, d), (seq, units) in sorted(self.streams.items())]}
+                "streams": [[e, f, d, stream.to_json()] for (e, f, d), stream in sorted(self.streams.items())]}
 
     @staticmethod
     def from_json(data: dict | None) -> TelemetryState:
         if not data:
             return TelemetryState()
         return TelemetryState(FlowState.from_json(data.get("flows", {})), Waiting.from_json(data.get("waiting", [])),
-                              {(e, f, int(d)): (int(seq), None if units is None else int(units))
-                               for e, f, d, seq, units in data.get("streams", [])})
+                              {(item[0], item[1], int(item[2])): Stream.from_json(item[3] if len(item) == 4 else item[3:])
+                               for item in data.get("streams", [])})
 
 
 @dataclass
@@ -99,7 +114,8 @@ def read_telemetry(files: list[tuple[bytes, str, int]], state: TelemetryState, *
     ``files`` are (content, name, start) in the order they were written; only the datagrams whose
     record starts at ``start`` or later count (a file that grew after an earlier batch counted it).
     """
-    flows_state, waiting, streams = state.flows, state.waiting, dict(state.streams)
+    # (Streams are copied: the state passed in is never changed, a replay may hand in a read-only one.)
+    flows_state, waiting, streams = state.flows, state.waiting, {k: v.copy() for k, v in state.streams.items()}
     tables: list[pa.Table] = []
     lost: dict[int, int] = {}
     skipped: dict[str, int] = {}
@@ -130,14 +146,27 @@ def read_telemetry(files: list[tuple[bytes, str, int]], state: TelemetryState, *
             tables += [decoded.rejects, _rows(decoded.flows, source, name, rules)]
             still += remaining.sets
         waiting = Waiting(tuple(still))
-        if newest is not None and waiting.sets:
-            expired, waiting = expire_waiting(waiting, before_us=newest - rules.template_wait_us,
-                                              source=source, input_file=files[-1][1] if files else "")
-            tables.append(expired)
+    if waiting.sets:
+        expired, waiting = expire_waiting_by(waiting, newest_us=newest, watermark_us=rules.watermark_us,
+                                             template_wait_us=rules.template_wait_us, source=source,
+                                             input_file=files[-1][1] if files else "")
+        tables.append(expired)
     parsed = pa.concat_tables([t.cast(PARSED_SCHEMA) for t in tables]) if tables else PARSED_SCHEMA.empty_table()
     lost_table = pa.table({"source": [source] * len(lost), "pane_start": pa.array(sorted(lost), pa.int64()).cast(_TS),
                            "lost": pa.array([lost[p] for p in sorted(lost)], pa.int64())}, schema=LOST_SCHEMA)
     return Telemetry(parsed, lost_table, TelemetryState(flows_state, waiting, streams), skipped)
+
+
+def expire_waiting_by(waiting: Waiting, *, newest_us: int | None, watermark_us: int | None, template_wait_us: int,
+                      source: str, input_file: str = "") -> tuple[pa.Table, Waiting]:
+    """Data waiting for its template expires ``template_wait`` after the later of the newest datagram
+    of the batch and the watermark (DESIGN §7a): by the watermark too, so data of a source that
+    sends nothing newer does not wait for ever. Returns the expired sets as rejects ("its template
+    never arrived") and the sets that still wait; with neither time known, nothing expires."""
+    now = max((t for t in (newest_us, watermark_us) if t is not None), default=None)
+    if now is None or not waiting.sets:
+        return PARSED_SCHEMA.empty_table(), waiting
+    return expire_waiting(waiting, before_us=now - template_wait_us, source=source, input_file=input_file)
 
 
 def _from(datagrams: Datagrams, start: int) -> Datagrams:
@@ -171,14 +200,25 @@ def _rows(flows: pa.Table, source: str, input_file: str, rules: TelemetryRules) 
         kept = pa.array(~neither)
         flows, src_local, dst_local = flows.filter(kept), src_local[~neither], dst_local[~neither]
         src, dst = flows.column("src_ip"), flows.column("dst_ip")
-    n = flows.num_rows
     said = flows.column("sampling_rate").to_numpy(zero_copy_only=False)
-    rate = np.full(n, rules.sampling_rate, np.int64) if rules.sampling_rate else np.where(said > 0, said, 1)
+    rate = np.full(flows.num_rows, rules.sampling_rate, np.int64) if rules.sampling_rate else \
+        np.where(said > 0, said, 1).astype(np.int64)
     start = pc.cast(flows.column("start_ts"), pa.int64()).to_numpy(zero_copy_only=False)
     end = pc.cast(flows.column("end_ts"), pa.int64()).to_numpy(zero_copy_only=False)
-    flow, ts, (share_bytes, share_packets) = apportion_to_panes(
-        start, end, [flows.column("bytes").to_numpy(zero_copy_only=False) * rate,
-                     flows.column("packets").to_numpy(zero_copy_only=False) * rate])
+    size = pc.fill_null(flows.column("bytes"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    count = pc.fill_null(flows.column("packets"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    reason = _out_of_bounds(start, end, size, count, rate, rules.max_flow_duration_us)
+    if reason is not None:
+        bad = np.asarray(pc.is_valid(reason).to_numpy(zero_copy_only=False), bool)
+        rejects = pa.concat_tables([rejects, _flow_rejects(flows.filter(pa.array(bad)), reason.filter(pa.array(bad)),
+                                                           rate[bad], source, input_file)])
+        flows, src_local, dst_local = flows.filter(pa.array(~bad)), src_local[~bad], dst_local[~bad]
+        src, dst = flows.column("src_ip"), flows.column("dst_ip")
+        rate, start, end, size, count = rate[~bad], start[~bad], end[~bad], size[~bad], count[~bad]
+        if flows.num_rows == 0:
+            return rejects
+    n = flows.num_rows
+    flow, ts, (share_bytes, share_packets) = apportion_to_panes(start, end, [size * rate, count * rate])
     # Codes into _DIRECTIONS: in, out, internal, or unknown (kept transit: the sender is "local").
     code = np.where(src_local & dst_local, 2, np.where(src_local, 1, np.where(dst_local, 0, 3))).astype(np.int8)
     spread = len(flow) != n  # some flow has several shares: its columns repeat once per share
@@ -216,6 +256,61 @@ def _rows(flows: pa.Table, source: str, input_file: str, rules: TelemetryRules) 
         "sampling_rate": pa.array(rate[flow], pa.int64()).cast(pa.int32()),
     }, schema=PARSED_SCHEMA)
     return pa.concat_tables([rejects, rows])
+
+
+#: Largest weighted count a record may carry: its value × rate must fit a signed 64-bit sum's column.
+MAX_WEIGHTED = (1 << 63) - 1
+#: Largest sampling rate (§7a; raw rows keep it as a 32-bit integer).
+MAX_RATE = (1 << 31) - 1
+
+
+def _out_of_bounds(start: np.ndarray, end: np.ndarray, size: np.ndarray, count: np.ndarray, rate: np.ndarray,
+                   max_duration_us: int) -> pa.Array | None:
+    """Why each flow is out of §7a's bounds (null: within them), or None when all are within.
+
+    A flow longer than ``max_duration_us`` would be split into one share per 5-minute pane it
+    spans (a record ending in 2106 into 8.3 M shares): it is rejected before it is split, so the
+    work per record is at most ``max_flow_duration`` / 5 minutes shares. Bytes or packets whose
+    value × sampling rate passes 2**63 − 1 would wrap (2**62 × 4 is 0 in 64 bits): the record is
+    rejected, never counted wrapped. (Counters are unsigned on the wire, non-negative here.) A rate
+    above 2**31 − 1 (what ``sampling_rate`` holds) is rejected too.
+    """
+    too_long = (end - start) > max_duration_us
+    limit = MAX_WEIGHTED // np.maximum(rate, 1)
+    bytes_over, packets_over = size > limit, count > limit
+    rate_over = rate > MAX_RATE
+    if not (too_long.any() or bytes_over.any() or packets_over.any() or rate_over.any()):
+        return None
+    long_text = pa.array([f"the flow lasts {_hours(d)}, longer than max_flow_duration ({_hours(max_duration_us)})"
+                          if t else None for d, t in zip((end - start).tolist(), too_long.tolist())], pa.string())
+    over_text = pa.array([f"sampling rate {r} is above 2**31 − 1" if o else
+                          f"{'bytes' if b else 'packets'} × sampling rate {r} would overflow 63 bits" if (b or p)
+                          else None for b, p, o, r in zip(bytes_over.tolist(), packets_over.tolist(),
+                                                          rate_over.tolist(), rate.tolist())], pa.string())
+    nothing = pa.nulls(len(start), pa.string())
+    return pc.if_else(pa.array(too_long), long_text, pc.if_else(pc.is_valid(over_text), over_text, nothing))
+
+
+def _hours(us: int) -> str:
+    return f"{us / 3_600_000_000:,.1f} hours"
+
+
+def _flow_rejects(flows: pa.Table, reason: pa.Array, rate: np.ndarray, source: str, input_file: str) -> pa.Table:
+    """One reject per flow with its ``reason`` (§7a bounds), its record quoted like ``_neither_local``'s."""
+    src, dst = flows.column("src_ip"), flows.column("dst_ip")
+    k = flows.num_rows
+    columns = {f.name: pa.nulls(k, f.type) for f in PARSED_SCHEMA}
+    start = pc.strftime(flows.column("start_ts"), format="%Y-%m-%dT%H:%M:%SZ")
+    end = pc.strftime(flows.column("end_ts"), format="%Y-%m-%dT%H:%M:%SZ")
+    columns.update({
+        "kind": pa.repeat(pa.scalar(REJECT), k), "source": pa.repeat(pa.scalar(source), k),
+        "input_file": pa.repeat(pa.scalar(input_file), k), "reason": reason,
+        "record": pc.binary_join_element_wise(flows.column("format"), " flow from ", start, " to ", end, " ", src,
+                                              " → ", dst, ", ", flows.column("bytes").cast(pa.string()), " bytes, ",
+                                              flows.column("packets").cast(pa.string()), " packets × ",
+                                              pa.array(rate, pa.int64()).cast(pa.string()), "", ""),
+    })
+    return pa.table(columns, schema=PARSED_SCHEMA)
 
 
 def _neither_local(flows: pa.Table, source: str, input_file: str) -> pa.Table:
@@ -282,22 +377,176 @@ def _ticks(sequences: pa.Table, source: str, input_file: str) -> pa.Table:
     return pa.table(columns, schema=PARSED_SCHEMA)
 
 
+#: How many more datagrams of a stream a gap in its sequence waits for a late datagram to fill it.
+REORDER_WINDOW = 64
+#: Open gaps a stream keeps at most (late datagrams can split a gap; the rest of a split waits whole).
+_MAX_GAPS = 4 * REORDER_WINDOW
+_RESTART_JUMP = 1 << 31
+
+
+@dataclass
+class Stream:
+    """One export stream's sequence between datagrams (and batches): see ``judge_sequence``."""
+
+    next: int | None  # the number the next datagram should carry; None: the last one's length is unknown
+    seen: int = 0  # datagrams that moved the stream forward so far
+    recent: list = field(default_factory=list)  # the first numbers of the last REORDER_WINDOW of those
+    gaps: list = field(default_factory=list)  # open gaps: [first number, units, pane µs, ``seen`` when opened]
+    uptime_ms: int | None = None  # the newest exporter uptime, when the decoder gives it
+    candidate: list | None = None  # [number, units] of a datagram that may start a new sequence
+
+    def copy(self) -> Stream:
+        return Stream(self.next, self.seen, list(self.recent), [list(g) for g in self.gaps], self.uptime_ms,
+                      None if self.candidate is None else list(self.candidate))
+
+    def to_json(self) -> dict:
+        return {"next": self.next, "seen": self.seen, "recent": self.recent, "gaps": self.gaps,
+                "uptime_ms": self.uptime_ms, "candidate": self.candidate}
+
+    @staticmethod
+    def from_json(data) -> Stream:
+        if isinstance(data, dict):
+            return Stream(data["next"], int(data["seen"]), [int(x) for x in data["recent"]],
+                          [[int(x) for x in g] for g in data["gaps"]], data.get("uptime_ms"), data.get("candidate"))
+        sequence, units = data  # before reordering was judged: (last sequence, its units)
+        return Stream(None if units is None else (int(sequence) + int(units)) % _SEQUENCE_SPACE, 1, [int(sequence)])
+
+
 def _count_losses(sequences: pa.Table, streams: dict, lost: dict[int, int]) -> None:
-    """Add the sequence units missing before each datagram to its pane; move each stream's last sequence."""
+    """Judge each datagram's sequence number against its stream (``judge_sequence``), in order."""
     if sequences.num_rows == 0:
         return
+    uptime = sequences.column("uptime_ms").to_pylist() if "uptime_ms" in sequences.column_names else \
+        [None] * sequences.num_rows
     rows = zip(sequences.column("exporter").to_pylist(), sequences.column("format").to_pylist(),
                sequences.column("domain").to_pylist(), sequences.column("sequence").to_pylist(),
                sequences.column("units").to_pylist(),
-               pc.cast(sequences.column("receive_ts"), pa.int64()).to_pylist())
-    for exporter, fmt, domain, sequence, units, received in rows:
-        key = (exporter, fmt, domain)
+               pc.cast(sequences.column("receive_ts"), pa.int64()).to_pylist(), uptime)
+    for exporter, fmt, domain, sequence, units, received, up in rows:
         if sequence is None:
             continue
-        before = streams.get(key)
-        if before is not None and before[1] is not None:
-            gap = (sequence - before[0] - before[1]) % _SEQUENCE_SPACE
-            if 0 < gap < _SEQUENCE_SPACE // 2:
-                pane = received // _PANE_US * _PANE_US
-                lost[pane] = lost.get(pane, 0) + gap
-        streams[key] = (sequence, units)
+        key = (exporter, fmt, domain)
+        streams[key] = judge_sequence(streams.get(key), sequence % _SEQUENCE_SPACE, units,
+                                      received // _PANE_US * _PANE_US, lost, uptime_ms=up)
+
+
+def judge_sequence(stream: Stream | None, sequence: int, units: int | None, pane: int, lost: dict[int, int], *,
+                   uptime_ms: int | None = None) -> Stream:
+    """DESIGN §7a "Loss": what one datagram's export sequence number says; returns the stream after it.
+
+    Numbers count modulo 2**32 (NetFlow v5 and IPFIX count records, v9 and sFlow datagrams).
+
+    * A datagram that carries the number expected next continues the stream.
+    * A datagram ahead of it by less than 2**31 opens a gap (the units between), which waits: a late
+      datagram that arrives in it fills what it covers (reordering is not loss). A gap closes once
+      ``REORDER_WINDOW`` more datagrams have moved the stream forward; what is still missing then is
+      lost, counted in the pane of the datagram that revealed the gap, so the count per pane is the
+      same however the datagrams fall into batches.
+    * A datagram behind it, in no open gap, among the numbers of the last ``REORDER_WINDOW``
+      datagrams: a duplicate, nothing lost.
+    * Anything else may be a restart: the number went back further, or jumped ahead by 2**31 or more
+      (raw numbers: a restart from above 2**31 to 0 is not a wrap with 1.3 G lost). The next datagram
+      decides: if it continues that number, a new sequence starts there and loses nothing (the old
+      one's open gaps close); if it continues the old stream, the odd one was a stray (a datagram
+      later than the window, a duplicate from long ago) and costs nothing. A gap that straddles the
+      wrap at 2**32 is taken for a restart too. An exporter uptime that went back (when the decoder
+      gives it) is a restart at once.
+    * A datagram whose length is unknown (``units`` None: some of its records could not be counted)
+      leaves the next number unknown: the next datagram ahead of it continues the stream from its
+      own number, no gap judged. Filling a gap, such a datagram fills it from its number to the
+      gap's end.
+    """
+    if stream is None or (uptime_ms is not None and stream.uptime_ms is not None and uptime_ms < stream.uptime_ms):
+        if stream is not None:
+            _close(stream, lost, every=True)
+        return _advance(Stream(None), sequence, units, lost, uptime_ms)
+    kind = _kind(stream, sequence)
+    if kind != _OTHER:
+        stream.candidate = None
+        return _act(stream, kind, sequence, units, pane, lost, uptime_ms)
+    if stream.candidate is not None:
+        restarted = _advance(Stream(None), *stream.candidate, lost, None)
+        kind = _kind(restarted, sequence)
+        if kind in (_NEXT, _GAP):  # it continues the candidate: a restart
+            _close(stream, lost, every=True)
+            return _act(restarted, kind, sequence, units, pane, lost, uptime_ms)
+        if kind == _DUPLICATE:
+            return stream
+    stream.candidate = [sequence, units]
+    return stream
+
+
+_NEXT, _FILL, _DUPLICATE, _GAP, _OTHER = range(5)
+
+
+def _kind(stream: Stream, sequence: int) -> int:
+    """Where a number lies against a stream (``judge_sequence``): next, in a gap, a duplicate, ahead, or other."""
+    if any((sequence - first) % _SEQUENCE_SPACE < length for first, length, _, _ in stream.gaps):
+        return _FILL
+    # Where the stream stands: the number expected next, or (the last length unknown) the last one's number.
+    front = stream.recent[-1] if stream.next is None else stream.next
+    if sequence == stream.next or (stream.next is None and 0 < sequence - front < _RESTART_JUMP):
+        return _NEXT  # (after a datagram of unknown length, any number ahead: the gap cannot be judged)
+    behind = (front - sequence) % _SEQUENCE_SPACE
+    if behind <= (front - stream.recent[0]) % _SEQUENCE_SPACE and behind < _RESTART_JUMP:
+        return _DUPLICATE
+    if stream.next is not None and 0 < sequence - stream.next < _RESTART_JUMP:
+        return _GAP
+    return _OTHER
+
+
+def _act(stream: Stream, kind: int, sequence: int, units: int | None, pane: int, lost: dict[int, int],
+         uptime_ms: int | None) -> Stream:
+    if kind == _FILL:
+        _fill(stream, sequence, units)
+    elif kind == _GAP:
+        missing = sequence - stream.next
+        if len(stream.gaps) < _MAX_GAPS:
+            stream.gaps.append([stream.next, missing, pane, stream.seen])
+        else:  # (bounded state: counted at once)
+            lost[pane] = lost.get(pane, 0) + missing
+    if kind in (_NEXT, _GAP):
+        return _advance(stream, sequence, units, lost, uptime_ms)
+    return stream
+
+
+def _advance(stream: Stream, sequence: int, units: int | None, lost: dict[int, int], uptime_ms: int | None) -> Stream:
+    """The stream moved forward by a datagram: its next number, its window, the gaps that leave it."""
+    stream.next = None if units is None else (sequence + units) % _SEQUENCE_SPACE
+    stream.seen += 1
+    stream.recent = [*stream.recent[-(REORDER_WINDOW - 1):], sequence]
+    if uptime_ms is not None:
+        stream.uptime_ms = uptime_ms
+    _close(stream, lost)
+    return stream
+
+
+def _close(stream: Stream, lost: dict[int, int], every: bool = False) -> None:
+    """Count the gaps that left the window (or all, at a restart) as lost, in the panes that revealed them."""
+    kept = []
+    for gap in stream.gaps:
+        first, units, pane, opened = gap
+        if every or stream.seen - opened > REORDER_WINDOW:
+            lost[pane] = lost.get(pane, 0) + units
+        else:
+            kept.append(gap)
+    stream.gaps = kept
+
+
+def _fill(stream: Stream, sequence: int, units: int | None) -> bool:
+    """Remove what a late datagram covers from the open gaps; whether it fell in one."""
+    for i, (first, length, pane, opened) in enumerate(stream.gaps):
+        offset = (sequence - first) % _SEQUENCE_SPACE
+        if offset >= length:
+            continue
+        covered = length - offset if units is None else min(units, length - offset)
+        if covered == 0:  # (a datagram of no records fills nothing)
+            return True
+        pieces = [[first, offset, pane, opened]] if offset else []
+        if offset + covered < length:
+            pieces.append([(first + offset + covered) % _SEQUENCE_SPACE, length - offset - covered, pane, opened])
+        if len(stream.gaps) - 1 + len(pieces) > _MAX_GAPS:
+            return True  # (bounded state: a late datagram that would split one gap too many fills nothing)
+        stream.gaps[i:i + 1] = pieces
+        return True
+    return False
