@@ -120,3 +120,20 @@ def test_expire_waiting_by_takes_the_later_of_the_newest_datagram_and_the_waterm
         rejects, kept = expire_waiting_by(waiting, newest_us=newest, watermark_us=watermark, template_wait_us=HOUR,
                                           source="edge")
         assert (rejects.num_rows, len(kept)) == (expired, 1 - expired), (newest, watermark)
+
+
+def test_sums_of_parts_are_checked_never_wrapped():
+    """Arrow's sum wraps (2**62 + 2**62 is −2**63); ``group_sums`` raises ``SumOverflow`` instead, and a sum
+    that fits exactly is exact, even past the cheap bound's guess."""
+    import pyarrow as pa
+    import pytest
+
+    from traffic.accounting.parts import SumOverflow, group_sums
+
+    table = pa.table({"k": ["a", "a", "b", "b"], "v": pa.array([2**62, 2**62 - 1, 2**62, -(2**62)], pa.int64())})
+    sums = group_sums(table, ["k"], {"v": ("v", "sum"), "n": ([], "count_all")})
+    assert sums.to_pylist() == [{"k": "a", "v": 2**63 - 1, "n": 2}, {"k": "b", "v": 0, "n": 2}]
+    assert sums.schema.field("v").type == pa.int64()
+    over = pa.table({"k": ["a", "a", "b"], "v": pa.array([2**62, 2**62, 1], pa.int64())})
+    with pytest.raises(SumOverflow, match=r"^the sum of v for k a is 9223372036854775808, past 2\*\*63 − 1"):
+        group_sums(over, ["k"], {"v": ("v", "sum")})

@@ -11,6 +11,10 @@ The history bound needs the batch's newest record, which no task knows alone, so
 pass judges without it and reports each chunk's oldest record that the bound could reject;
 the driver runs again only the chunks that hold a record older than the bound (rare: a
 batch spanning more than ``max_history``).
+
+The task's sums are overflow-checked (``parts.group_sums``): records are bounded one by one when
+they are read (``io.telemetry``: weights that would pass 63 bits are rejects), and a sum of many
+that would still pass 2**63 − 1 stops the batch with one line (``SumOverflow``), never wraps.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ here) as parquet into the tables' staged folders, and compares the final rows wi
 open rows (the freeze's built-in check). It leaves in the job's scratch folder only the hour's
 raw Σ bytes and rows and its count of differing rows. The driver commits the staged files
 (``close.freeze_hours``): no hourly row passes through the driver or the JVM.
+
+Every sum is overflow-checked (``parts.group_sums``, DESIGN §7a): an hour whose total would pass
+2**63 − 1 fails its freeze with one line naming the row, never publishes a wrapped (negative) total.
 """
 
 from __future__ import annotations

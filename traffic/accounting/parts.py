@@ -60,15 +60,65 @@ def floor_to(ts: pa.Array | pa.ChunkedArray, unit_us: int) -> pa.Array:
     return pa.array(values // unit_us * unit_us, pa.int64(), mask=mask).cast(_TS)
 
 
+class SumOverflow(ArithmeticError):
+    """A sum of 64-bit amounts that would pass 2**63 − 1 (DESIGN §7a: all sums are overflow-checked)."""
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
 def group_sums(table: pa.Table, keys: list[str], outputs: dict[str, tuple], schema: pa.Schema | None = None) -> pa.Table:
     """Group ``table`` by ``keys``; each output column is ``(input column, Arrow aggregation)``.
 
-    Returns the keys then the outputs, in that order, cast to ``schema`` when given.
+    Returns the keys then the outputs, in that order, cast to ``schema`` when given. Integer sums
+    are checked: Arrow's sum wraps silently (two rows of 2**62 bytes sum to −9.2 EB), so a sum
+    that would pass 64 bits raises ``SumOverflow`` with one line naming the group, never wraps.
     """
+    risky = [column for column, how in outputs.values() if how == "sum" and _may_overflow(table, column)]
+    if risky:  # rare: exact sums in 128-bit decimals, then back to 64 bits if they fit
+        table = _as_decimals(table, risky)
     grouped = table.group_by(keys, use_threads=False).aggregate(list(outputs.values()))
     arrow_names = {"count_all" if column == [] else f"{column}_{how}": name for name, (column, how) in outputs.items()}
     grouped = grouped.rename_columns([arrow_names.get(c, c) for c in grouped.column_names]).select([*keys, *outputs])
+    if risky:
+        grouped = _back_to_int64(grouped, keys, [name for name, (column, how) in outputs.items()
+                                                 if how == "sum" and column in risky])
     return grouped.select(schema.names).cast(schema) if schema is not None else grouped
+
+
+def _may_overflow(table: pa.Table, column: str) -> bool:
+    """Whether some group's sum of an integer column could pass 64 bits: only when the largest
+    magnitude times the number of rows could (one pass; almost never true for real traffic)."""
+    values = table.column(column)
+    if not pa.types.is_integer(values.type) or table.num_rows < 2:
+        return False
+    low, high = pc.min_max(values).values()
+    if low.as_py() is None:
+        return False
+    largest = max(abs(low.as_py()), abs(high.as_py()))
+    return largest > 0 and table.num_rows > _INT64_MAX // largest
+
+
+def _as_decimals(table: pa.Table, columns: list[str]) -> pa.Table:
+    for column in columns:
+        i = table.schema.get_field_index(column)
+        table = table.set_column(i, column, table.column(column).cast(pa.decimal128(38, 0)))
+    return table
+
+
+def _back_to_int64(grouped: pa.Table, keys: list[str], columns: list[str]) -> pa.Table:
+    """Exact sums back to 64-bit integers; ``SumOverflow`` names the first group whose sum does not fit."""
+    for column in columns:
+        sums = grouped.column(column)
+        over = pc.or_(pc.greater(sums, pa.scalar(_INT64_MAX, sums.type)),
+                      pc.less(sums, pa.scalar(-_INT64_MAX - 1, sums.type)))
+        if pc.any(over).as_py():
+            row = grouped.filter(over).slice(0, 1).to_pylist()[0]
+            where = ", ".join(f"{k} {row[k]}" for k in keys)
+            raise SumOverflow(f"the sum of {column} for {where or 'all rows'} is {row[column]}, past 2**63 − 1: "
+                              "a 64-bit total would wrap, so nothing was summed (records too large to add up)")
+        grouped = grouped.set_column(grouped.schema.get_field_index(column), column, sums.cast(pa.int64()))
+    return grouped
 
 
 def weights(packets: pa.Table) -> pa.Array:
