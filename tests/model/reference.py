@@ -578,8 +578,10 @@ def late_shares(start: int, end: int, amount: int, watermark: int | None) -> tup
 
 # --- export sequence losses (DESIGN §7a "Loss") -------------------------------------------------
 
-#: The window the docs state: a gap waits for this many more datagrams of its stream moving forward.
+#: The window the docs state: a gap waits for this many more datagrams of its stream moving forward,
 REORDER_WINDOW = 64
+#: or until one of them is received this long (µs) after the datagram that revealed the gap.
+REORDER_WAIT = 60 * 1_000_000
 SEQUENCE_SPACE = 1 << 32
 
 
@@ -587,9 +589,10 @@ class LossModel:
     """Lost export sequence units per pane, the obvious way: every missing number is kept by itself.
 
     Per stream: the number expected next, every forward datagram's first number, and a dict of the
-    missing numbers, each tagged with the pane and the forward count of the datagram that revealed
-    it. A late datagram removes the numbers it carries; a number still missing when 64 more forward
-    datagrams have come is lost in its tag's pane. A datagram in no gap and not among the last 64
+    missing numbers, each tagged with the pane, the forward count and the receive time of the
+    datagram that revealed it. A late datagram removes the numbers it carries; a number still
+    missing when 64 more forward datagrams have come, or one received a minute after its tag's, is
+    lost in its tag's pane. A datagram in no gap and not among the last 64
     forward datagrams' numbers (behind, or 2**31 or more ahead in raw numbers) is a restart if the
     next datagram continues it, a stray if the next continues the old stream. Gaps are small in the
     tests (a number per entry), so this is only for them.
@@ -599,7 +602,7 @@ class LossModel:
         self.streams: dict = {}
         self.lost: dict[int, int] = defaultdict(int)
 
-    def datagram(self, key, number: int, units: int | None, pane: int, uptime: int | None = None) -> None:
+    def datagram(self, key, number: int, units: int | None, received: int, uptime: int | None = None) -> None:
         s = self.streams.get(key)
         if s is None or (uptime is not None and s["uptime"] is not None and uptime < s["uptime"]):
             if s is not None:
@@ -609,7 +612,7 @@ class LossModel:
         verdict = self._verdict(s, number)
         if verdict != "other":
             s["candidate"] = None
-            self._apply(s, verdict, number, units, pane, uptime)
+            self._apply(s, verdict, number, units, received, uptime)
             return
         if s["candidate"] is not None:
             new = self._started(*s["candidate"], None)
@@ -617,7 +620,7 @@ class LossModel:
             if verdict in ("next", "gap"):
                 self._lose_all(s)
                 self.streams[key] = new
-                self._apply(new, verdict, number, units, pane, uptime)
+                self._apply(new, verdict, number, units, received, uptime)
                 return
             if verdict == "duplicate":
                 return
@@ -650,7 +653,7 @@ class LossModel:
             return "gap"
         return "other"
 
-    def _apply(self, s: dict, verdict: str, number: int, units: int | None, pane: int, uptime) -> None:
+    def _apply(self, s: dict, verdict: str, number: int, units: int | None, received: int, uptime) -> None:
         if verdict == "fill":
             tag = s["missing"][number]
             n = number
@@ -662,22 +665,22 @@ class LossModel:
         if verdict == "gap":
             assert number - s["next"] < 10**6, "the model keeps every missing number: tests keep gaps small"
             for n in range(s["next"], number):
-                s["missing"][n] = (pane, len(s["starts"]))
+                s["missing"][n] = (floor_to(received, PANE), len(s["starts"]), received)
         if verdict in ("next", "gap"):
-            self._forward(s, number, units, uptime, self)
+            self._forward(s, number, units, uptime, self, received)
 
     @staticmethod
-    def _forward(s: dict, number: int, units: int | None, uptime, model) -> None:
+    def _forward(s: dict, number: int, units: int | None, uptime, model, received: int | None = None) -> None:
         s["next"] = None if units is None else (number + units) % SEQUENCE_SPACE
         s["starts"].append(number)
         if uptime is not None:
             s["uptime"] = uptime
-        for n, (pane, opened) in list(s["missing"].items()):
-            if len(s["starts"]) - opened > REORDER_WINDOW:
+        for n, (pane, opened, revealed) in list(s["missing"].items()):
+            if len(s["starts"]) - opened > REORDER_WINDOW or (received is not None and received - revealed >= REORDER_WAIT):
                 del s["missing"][n]
                 model.lost[pane] += 1
 
     def _lose_all(self, s: dict) -> None:
-        for pane, _ in s["missing"].values():
+        for pane, _, _ in s["missing"].values():
             self.lost[pane] += 1
         s["missing"].clear()

@@ -68,7 +68,16 @@ def _restart_is_clear(new: int, following: int, old: list[int]) -> bool:
     return all(x < new - margin or x > new + 2**31 + margin for x in old)
 
 
-def _pipeline(datagrams: list[tuple], cuts: list[int], with_uptime: bool) -> dict[int, int]:
+def _times(rng: random.Random, n: int, spacing: list[int]) -> list[int]:
+    """Receive times: each datagram one of ``spacing`` (µs) after the one before."""
+    times, at = [], T0
+    for _ in range(n):
+        times.append(at)
+        at += rng.choice(spacing)
+    return times
+
+
+def _pipeline(datagrams: list[tuple], times: list[int], cuts: list[int], with_uptime: bool) -> dict[int, int]:
     """Lost units per pane through ``telemetry``'s counting, batch by batch, state through JSON."""
     lost: dict[int, int] = {}
     state = TelemetryState()
@@ -76,8 +85,7 @@ def _pipeline(datagrams: list[tuple], cuts: list[int], with_uptime: bool) -> dic
     for lo, hi in zip(bounds, bounds[1:]):
         rows = datagrams[lo:hi]
         table = pa.table({
-            "receive_ts": pa.array([T0 + i * 20_000_000 for i in range(lo, hi)], pa.int64()).cast(SEQUENCE_SCHEMA.field(
-                "receive_ts").type),
+            "receive_ts": pa.array(times[lo:hi], pa.int64()).cast(SEQUENCE_SCHEMA.field("receive_ts").type),
             "exporter": ["192.0.2.1"] * len(rows), "format": ["netflow5"] * len(rows),
             "domain": pa.array([0] * len(rows), pa.int64()),
             "sequence": pa.array([r[0] for r in rows], pa.int64()),
@@ -92,11 +100,10 @@ def _pipeline(datagrams: list[tuple], cuts: list[int], with_uptime: bool) -> dic
     return {p: v for p, v in lost.items() if v}
 
 
-def _model(datagrams: list[tuple], with_uptime: bool) -> dict[int, int]:
+def _model(datagrams: list[tuple], times: list[int], with_uptime: bool) -> dict[int, int]:
     model = LossModel()
-    for i, (number, units, uptime) in enumerate(datagrams):
-        receive = T0 + i * 20_000_000
-        model.datagram("stream", number, units, receive // PANE * PANE, uptime if with_uptime else None)
+    for receive, (number, units, uptime) in zip(times, datagrams):
+        model.datagram("stream", number, units, receive, uptime if with_uptime else None)
     return {p: v for p, v in model.lost.items() if v}
 
 
@@ -109,7 +116,9 @@ def test_losses_per_pane_match_the_model(seed, n, restarts, unknown, reorder, dr
     rng = random.Random(seed)
     datagrams, _, _ = _stream(rng, n, restarts=restarts, unknown=unknown, reorder=reorder, drop=drop,
                            duplicate=duplicate)
-    assert _pipeline(datagrams, cuts, with_uptime) == _model(datagrams, with_uptime)
+    # Mostly close together, sometimes seconds or minutes apart (the window's time bound).
+    times = _times(rng, len(datagrams), [0, 1_000, 200_000, 5_000_000, 59_999_999, 60_000_000, 400_000_000])
+    assert _pipeline(datagrams, times, cuts, with_uptime) == _model(datagrams, times, with_uptime)
 
 
 @settings(max_examples=300, deadline=None)
@@ -127,16 +136,17 @@ def test_reordering_and_duplicates_lose_nothing_and_drops_are_counted_exactly(se
     for _ in range(REORDER_WINDOW + 1):
         datagrams.append((number, 1, 0))
         number = (number + 1) % SEQUENCE_SPACE
-    got = _pipeline(datagrams, cuts, False)
+    times = _times(rng, len(datagrams), [0, 10_000, 100_000])  # a window's worth of reordering within a minute
+    got = _pipeline(datagrams, times, cuts, False)
     assert sum(got.values()) == dropped
-    assert got == _model(datagrams, False)
+    assert got == _model(datagrams, times, False)
 
 
 def test_the_model_by_hand():
     """The issue's cases: v5 0, 60, 30, 90 (30 records each) lose nothing; a restart from above 2**31
     loses nothing; a gap nobody fills is lost once 64 more datagrams came, in its own pane."""
     def lost(numbers, units=30):
-        return _model([(x % SEQUENCE_SPACE, units, 0) for x in numbers], False)
+        return _model([(x % SEQUENCE_SPACE, units, 0) for x in numbers], [T0 + i for i in range(len(numbers))], False)
 
     assert lost([0, 60, 30, 90]) == {}
     assert lost([3_000_000_000, 3_000_000_030, 0, 30, 60]) == {}
@@ -145,3 +155,7 @@ def test_the_model_by_hand():
     assert lost([0, 60, *range(90, 90 + 30 * 64, 30)]) == {T0 // PANE * PANE: 30}  # the 64th closes it
     assert lost([0, 60, *range(90, 90 + 30 * 63, 30), 30, 1980]) == {}  # the last moment to fill it
     assert lost([0, 30, 30, 60, 0, 90]) == {}  # duplicates
+    # A slow exporter: the gap is decided by the next datagram a minute or more after the one that revealed it.
+    slow = [(0, 30, 0), (60, 30, 0), (90, 30, 0), (30, 30, 0)]
+    assert _model(slow, [T0, T0 + 1, T0 + 59_999_999, T0 + 60_000_000], False) == {}
+    assert _model(slow, [T0, T0 + 1, T0 + 60_000_001, T0 + 60_000_002], False) == {T0 // PANE * PANE: 30}

@@ -22,9 +22,10 @@ def _v5(sequence: int, at: int, records: int = 30) -> bytes:
     return fe.netflow5(flows, export_us=at, uptime_ms=3_600_000, sequence=sequence)
 
 
-def _batch(sequences: list[int], state: TelemetryState, *, first: int = 0, records: int = 30):
-    """One collector file of v5 datagrams 10 s apart carrying ``sequences``; returns (lost per pane, state)."""
-    datagrams = [(T0 + (first + i) * 10 * US, ROUTER, 40000, _v5(s % 2**32, T0 + (first + i) * 10 * US, records))
+def _batch(sequences: list[int], state: TelemetryState, *, first: int = 0, records: int = 30, spacing: int = US):
+    """One collector file of v5 datagrams ``spacing`` µs apart (the ``first``-th on) carrying ``sequences``;
+    returns (lost per pane, state)."""
+    datagrams = [(T0 + (first + i) * spacing, ROUTER, 40000, _v5(s % 2**32, T0 + (first + i) * spacing, records))
                  for i, s in enumerate(sequences)]
     out = read_telemetry([(fe.collector_file(datagrams), f"f{first}.flows.pcap", 0)], state, source="edge",
                          rules=RULES)
@@ -70,6 +71,15 @@ def test_a_gap_nobody_fills_is_lost_once_the_window_passes_in_the_pane_that_reve
     lost, state = _batch([0, 60, *after[:10]], TelemetryState())
     assert lost == {}  # not decided yet: datagram 30 may still come
     lost2, _ = _batch(after[10:], state, first=12)
+    assert lost2 == {T0: 30}
+
+
+def test_a_slow_exporters_gap_is_decided_by_its_next_datagram_a_minute_on():
+    """An exporter sending a datagram every few minutes: the gap waits a minute at most (receive
+    time), then the next datagram decides it, in the pane that revealed it (the first one)."""
+    lost, state = _batch([0, 60], TelemetryState(), spacing=3 * US)
+    assert lost == {}
+    lost2, _ = _batch([90], state, first=1, spacing=20 * 60 * US)  # 20 minutes later, the next batch
     assert lost2 == {T0: 30}
 
 

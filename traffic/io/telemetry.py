@@ -14,7 +14,8 @@ order they were written, and that source's telemetry state from earlier batches,
 * ``lost``: per (source, 5-minute pane), the sequence units missing before a datagram of that pane:
   NetFlow v5 and IPFIX count records, NetFlow v9 and sFlow datagrams. A stream is (exporter,
   format, domain). Reordering is not loss: a gap waits for the next ``REORDER_WINDOW`` (64)
-  datagrams of its stream, a late datagram fills it, and only what is still missing then counts,
+  datagrams of its stream, or a minute (``REORDER_WAIT_US``, receive time, decided by the next
+  datagram), a late datagram fills it, and only what is still missing then counts,
   in the pane of the datagram that revealed the gap; a duplicate costs nothing; a restart (the
   number going back past the window, a jump of 2**31 or more, the uptime going back) starts a new
   sequence and loses nothing (``judge_sequence``).
@@ -377,8 +378,11 @@ def _ticks(sequences: pa.Table, source: str, input_file: str) -> pa.Table:
     return pa.table(columns, schema=PARSED_SCHEMA)
 
 
-#: How many more datagrams of a stream a gap in its sequence waits for a late datagram to fill it.
+#: How many more datagrams of a stream a gap in its sequence waits for a late datagram to fill it,
 REORDER_WINDOW = 64
+#: ... and for how long at most (receive time): reordering on a network is milliseconds, so a slow
+#: exporter's loss is decided by its next datagram a minute on, not 64 datagrams (an hour) later.
+REORDER_WAIT_US = 60_000_000
 #: Open gaps a stream keeps at most (late datagrams can split a gap; the rest of a split waits whole).
 _MAX_GAPS = 4 * REORDER_WINDOW
 _RESTART_JUMP = 1 << 31
@@ -391,7 +395,8 @@ class Stream:
     next: int | None  # the number the next datagram should carry; None: the last one's length is unknown
     seen: int = 0  # datagrams that moved the stream forward so far
     recent: list = field(default_factory=list)  # the first numbers of the last REORDER_WINDOW of those
-    gaps: list = field(default_factory=list)  # open gaps: [first number, units, pane µs, ``seen`` when opened]
+    # open gaps: [first number, units, pane µs, ``seen`` when opened, receive µs of the datagram that revealed it]
+    gaps: list = field(default_factory=list)
     uptime_ms: int | None = None  # the newest exporter uptime, when the decoder gives it
     candidate: list | None = None  # [number, units] of a datagram that may start a new sequence
 
@@ -407,7 +412,8 @@ class Stream:
     def from_json(data) -> Stream:
         if isinstance(data, dict):
             return Stream(data["next"], int(data["seen"]), [int(x) for x in data["recent"]],
-                          [[int(x) for x in g] for g in data["gaps"]], data.get("uptime_ms"), data.get("candidate"))
+                          [[int(x) for x in g] + [0] * (5 - len(g)) for g in data["gaps"]], data.get("uptime_ms"),
+                          data.get("candidate"))
         sequence, units = data  # before reordering was judged: (last sequence, its units)
         return Stream(None if units is None else (int(sequence) + int(units)) % _SEQUENCE_SPACE, 1, [int(sequence)])
 
@@ -426,12 +432,12 @@ def _count_losses(sequences: pa.Table, streams: dict, lost: dict[int, int]) -> N
         if sequence is None:
             continue
         key = (exporter, fmt, domain)
-        streams[key] = judge_sequence(streams.get(key), sequence % _SEQUENCE_SPACE, units,
-                                      received // _PANE_US * _PANE_US, lost, uptime_ms=up)
+        streams[key] = judge_sequence(streams.get(key), sequence % _SEQUENCE_SPACE, units, received, lost,
+                                      uptime_ms=up)
 
 
-def judge_sequence(stream: Stream | None, sequence: int, units: int | None, pane: int, lost: dict[int, int], *,
-                   uptime_ms: int | None = None) -> Stream:
+def judge_sequence(stream: Stream | None, sequence: int, units: int | None, received_us: int, lost: dict[int, int],
+                   *, uptime_ms: int | None = None) -> Stream:
     """DESIGN §7a "Loss": what one datagram's export sequence number says; returns the stream after it.
 
     Numbers count modulo 2**32 (NetFlow v5 and IPFIX count records, v9 and sFlow datagrams).
@@ -439,9 +445,10 @@ def judge_sequence(stream: Stream | None, sequence: int, units: int | None, pane
     * A datagram that carries the number expected next continues the stream.
     * A datagram ahead of it by less than 2**31 opens a gap (the units between), which waits: a late
       datagram that arrives in it fills what it covers (reordering is not loss). A gap closes once
-      ``REORDER_WINDOW`` more datagrams have moved the stream forward; what is still missing then is
-      lost, counted in the pane of the datagram that revealed the gap, so the count per pane is the
-      same however the datagrams fall into batches.
+      ``REORDER_WINDOW`` (64) more datagrams have moved the stream forward, or one does that was
+      received ``REORDER_WAIT_US`` (60 s) or more after the datagram that revealed the gap; what is
+      still missing then is lost, counted in the pane of the datagram that revealed the gap, so the
+      count per pane is the same however the datagrams fall into batches.
     * A datagram behind it, in no open gap, among the numbers of the last ``REORDER_WINDOW``
       datagrams: a duplicate, nothing lost.
     * Anything else may be a restart: the number went back further, or jumped ahead by 2**31 or more
@@ -458,18 +465,18 @@ def judge_sequence(stream: Stream | None, sequence: int, units: int | None, pane
     """
     if stream is None or (uptime_ms is not None and stream.uptime_ms is not None and uptime_ms < stream.uptime_ms):
         if stream is not None:
-            _close(stream, lost, every=True)
-        return _advance(Stream(None), sequence, units, lost, uptime_ms)
+            _close(stream, lost, None, every=True)
+        return _advance(Stream(None), sequence, units, lost, uptime_ms, received_us)
     kind = _kind(stream, sequence)
     if kind != _OTHER:
         stream.candidate = None
-        return _act(stream, kind, sequence, units, pane, lost, uptime_ms)
+        return _act(stream, kind, sequence, units, received_us, lost, uptime_ms)
     if stream.candidate is not None:
-        restarted = _advance(Stream(None), *stream.candidate, lost, None)
+        restarted = _advance(Stream(None), *stream.candidate, lost, None, None)
         kind = _kind(restarted, sequence)
         if kind in (_NEXT, _GAP):  # it continues the candidate: a restart
-            _close(stream, lost, every=True)
-            return _act(restarted, kind, sequence, units, pane, lost, uptime_ms)
+            _close(stream, lost, None, every=True)
+            return _act(restarted, kind, sequence, units, received_us, lost, uptime_ms)
         if kind == _DUPLICATE:
             return stream
     stream.candidate = [sequence, units]
@@ -481,7 +488,7 @@ _NEXT, _FILL, _DUPLICATE, _GAP, _OTHER = range(5)
 
 def _kind(stream: Stream, sequence: int) -> int:
     """Where a number lies against a stream (``judge_sequence``): next, in a gap, a duplicate, ahead, or other."""
-    if any((sequence - first) % _SEQUENCE_SPACE < length for first, length, _, _ in stream.gaps):
+    if any((sequence - gap[0]) % _SEQUENCE_SPACE < gap[1] for gap in stream.gaps):
         return _FILL
     # Where the stream stands: the number expected next, or (the last length unknown) the last one's number.
     front = stream.recent[-1] if stream.next is None else stream.next
@@ -495,38 +502,40 @@ def _kind(stream: Stream, sequence: int) -> int:
     return _OTHER
 
 
-def _act(stream: Stream, kind: int, sequence: int, units: int | None, pane: int, lost: dict[int, int],
+def _act(stream: Stream, kind: int, sequence: int, units: int | None, received_us: int, lost: dict[int, int],
          uptime_ms: int | None) -> Stream:
     if kind == _FILL:
         _fill(stream, sequence, units)
     elif kind == _GAP:
-        missing = sequence - stream.next
+        missing, pane = sequence - stream.next, received_us // _PANE_US * _PANE_US
         if len(stream.gaps) < _MAX_GAPS:
-            stream.gaps.append([stream.next, missing, pane, stream.seen])
+            stream.gaps.append([stream.next, missing, pane, stream.seen, received_us])
         else:  # (bounded state: counted at once)
             lost[pane] = lost.get(pane, 0) + missing
     if kind in (_NEXT, _GAP):
-        return _advance(stream, sequence, units, lost, uptime_ms)
+        return _advance(stream, sequence, units, lost, uptime_ms, received_us)
     return stream
 
 
-def _advance(stream: Stream, sequence: int, units: int | None, lost: dict[int, int], uptime_ms: int | None) -> Stream:
+def _advance(stream: Stream, sequence: int, units: int | None, lost: dict[int, int], uptime_ms: int | None,
+             received_us: int | None) -> Stream:
     """The stream moved forward by a datagram: its next number, its window, the gaps that leave it."""
     stream.next = None if units is None else (sequence + units) % _SEQUENCE_SPACE
     stream.seen += 1
     stream.recent = [*stream.recent[-(REORDER_WINDOW - 1):], sequence]
     if uptime_ms is not None:
         stream.uptime_ms = uptime_ms
-    _close(stream, lost)
+    _close(stream, lost, received_us)
     return stream
 
 
-def _close(stream: Stream, lost: dict[int, int], every: bool = False) -> None:
+def _close(stream: Stream, lost: dict[int, int], received_us: int | None, every: bool = False) -> None:
     """Count the gaps that left the window (or all, at a restart) as lost, in the panes that revealed them."""
     kept = []
     for gap in stream.gaps:
-        first, units, pane, opened = gap
-        if every or stream.seen - opened > REORDER_WINDOW:
+        first, units, pane, opened, revealed = gap
+        if every or stream.seen - opened > REORDER_WINDOW or \
+                (received_us is not None and received_us - revealed >= REORDER_WAIT_US):
             lost[pane] = lost.get(pane, 0) + units
         else:
             kept.append(gap)
@@ -535,16 +544,17 @@ def _close(stream: Stream, lost: dict[int, int], every: bool = False) -> None:
 
 def _fill(stream: Stream, sequence: int, units: int | None) -> bool:
     """Remove what a late datagram covers from the open gaps; whether it fell in one."""
-    for i, (first, length, pane, opened) in enumerate(stream.gaps):
+    for i, (first, length, pane, opened, revealed) in enumerate(stream.gaps):
         offset = (sequence - first) % _SEQUENCE_SPACE
         if offset >= length:
             continue
         covered = length - offset if units is None else min(units, length - offset)
         if covered == 0:  # (a datagram of no records fills nothing)
             return True
-        pieces = [[first, offset, pane, opened]] if offset else []
+        pieces = [[first, offset, pane, opened, revealed]] if offset else []
         if offset + covered < length:
-            pieces.append([(first + offset + covered) % _SEQUENCE_SPACE, length - offset - covered, pane, opened])
+            pieces.append([(first + offset + covered) % _SEQUENCE_SPACE, length - offset - covered, pane, opened,
+                           revealed])
         if len(stream.gaps) - 1 + len(pieces) > _MAX_GAPS:
             return True  # (bounded state: a late datagram that would split one gap too many fills nothing)
         stream.gaps[i:i + 1] = pieces
