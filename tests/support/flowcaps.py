@@ -10,7 +10,8 @@ project: the tests read it where it lies.
   options-data, data}``), or bare datagrams of ``payloads/`` wrapped into pcaps, templates first
   (``*_tpl*``/``*_opttpl*`` before the matching ``*_data*``).
 * ``tshark_totals`` is the reference: tshark decodes the concatenation of a source's files (it
-  decodes data only with templates seen in the same file), and the counts of every flow record are
+  decodes data only with templates seen in the same file; in that copy each NetFlow v9 header's count
+  says the flowsets that follow, as Wireshark stops at the count and we walk the lengths), and the counts of every flow record are
   multiplied by the sampling rate the records themselves carry, read from tshark's own decode in
   DESIGN §7a's order (record fields 34/50, 305/306, 309/310, 311; the sampler/selector's rate from
   options data, 48/302; the last options-data rate of the exporter and domain; the NetFlow v5
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support import flow_tools as ft
+from traffic.io.captures import udp_datagrams
 from traffic.io.datagrams import PCAP_HEADER, datagram_record
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "flowcaps"
@@ -139,13 +141,41 @@ def _ports(path: Path) -> set[int]:
 
 def merged(source: Source, folder: Path) -> Path:
     """One pcap of the source's files, file after file (tshark decodes data only with templates seen in
-    the same file)."""
+    the same file), with every NetFlow v9 header's count made to say the flowsets that follow
+    (``honest_v9_counts``). A copy: the corpus files are never written."""
     pcaps = source.pcaps(folder / "wrapped" / source.name)
     folder.mkdir(parents=True, exist_ok=True)
-    out = folder / f"{source.name}.merged.pcap"
-    if len(pcaps) == 1:
-        return pcaps[0]
-    return ft.merge_captures(pcaps, out, concatenate=True)
+    path = pcaps[0] if len(pcaps) == 1 else ft.merge_captures(pcaps, folder / f"{source.name}.merged.pcap",
+                                                              concatenate=True)
+    out = folder / f"{source.name}.tshark.pcap"
+    out.write_bytes(honest_v9_counts(path.read_bytes()))
+    return out
+
+
+def honest_v9_counts(capture: bytes) -> bytes:
+    """The capture with each NetFlow v9 header's count set to the number of flowsets its datagram holds.
+
+    Wireshark stops reading a v9 datagram after as many flowsets as the header's count (it counts a
+    flowset as one, whatever it holds), while exporters disagree on what the count counts: softflowd
+    says 1 for a datagram of two templates, an options template, its options data and one data record
+    (``graylog_netflow9``'s first datagram, whose options data set the rate 100). Our decoder walks the
+    flowset lengths and ignores the count, so the reference must see every flowset too. The walk stops
+    at a flowset length below 4 or past the datagram, as the decoder does. (The UDP checksum is not
+    corrected: tshark does not check it by default.)"""
+    data = bytearray(capture)
+    datagrams, _ = udp_datagrams(capture, input_file="tshark copy", source="s")
+    for i in range(len(datagrams)):
+        at, length = int(datagrams.offset[i]), int(datagrams.length[i])
+        if length < 20 or data[at:at + 2] != b"\x00\x09":
+            continue
+        offset, flowsets = 20, 0
+        while offset + 4 <= length:
+            set_length = int.from_bytes(data[at + offset + 2:at + offset + 4], "big")
+            if set_length < 4 or offset + set_length > length:
+                break
+            flowsets, offset = flowsets + 1, offset + set_length
+        data[at + 2:at + 4] = flowsets.to_bytes(2, "big")
+    return bytes(data)
 
 
 def _first(value):
