@@ -488,7 +488,7 @@ _NEXT, _FILL, _DUPLICATE, _GAP, _OTHER = range(5)
 
 def _kind(stream: Stream, sequence: int) -> int:
     """Where a number lies against a stream (``judge_sequence``): next, in a gap, a duplicate, ahead, or other."""
-    if any((sequence - gap[0]) % _SEQUENCE_SPACE < gap[1] for gap in stream.gaps):
+    if stream.gaps and any((sequence - gap[0]) % _SEQUENCE_SPACE < gap[1] for gap in stream.gaps):
         return _FILL
     # Where the stream stands: the number expected next, or (the last length unknown) the last one's number.
     front = stream.recent[-1] if stream.next is None else stream.next
@@ -522,10 +522,13 @@ def _advance(stream: Stream, sequence: int, units: int | None, lost: dict[int, i
     """The stream moved forward by a datagram: its next number, its window, the gaps that leave it."""
     stream.next = None if units is None else (sequence + units) % _SEQUENCE_SPACE
     stream.seen += 1
-    stream.recent = [*stream.recent[-(REORDER_WINDOW - 1):], sequence]
+    stream.recent.append(sequence)
+    if len(stream.recent) > REORDER_WINDOW:
+        del stream.recent[0]
     if uptime_ms is not None:
         stream.uptime_ms = uptime_ms
-    _close(stream, lost, received_us)
+    if stream.gaps:
+        _close(stream, lost, received_us)
     return stream
 
 
