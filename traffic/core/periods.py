@@ -132,6 +132,11 @@ def apportion_to_panes(start_us: np.ndarray, end_us: np.ndarray, amounts: list[n
     flow that lasts no time, or lies inside one pane, is one share. Returns, per share, the index
     of its flow, its time (the later of the flow's start and the pane's start: inside the pane)
     and its amounts; shares of a flow are in time order, and flows in their given order.
+
+    A flow gets one share per pane it spans, so the caller bounds the spans (§7a: telemetry rejects
+    a flow longer than ``max_flow_duration`` before calling this; a record ending in 2106 would be
+    8.3 M shares). Amounts must fit 63 bits (telemetry checks value × rate); a share's product past
+    64 bits is computed exactly, never wrapped.
     """
     start_us, end_us = np.asarray(start_us, np.int64), np.asarray(end_us, np.int64)
     duration = end_us - start_us
