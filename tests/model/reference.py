@@ -593,8 +593,9 @@ class LossModel:
     datagram that revealed it. A late datagram removes the numbers it carries; a number still
     missing when 64 more forward datagrams have come, or one received a minute after its tag's, is
     lost in its tag's pane. A datagram in no gap and not among the last 64
-    forward datagrams' numbers (behind, or 2**31 or more ahead in raw numbers) is a restart if the
-    next datagram continues it, a stray if the next continues the old stream. Gaps are small in the
+    forward datagrams' numbers (behind, or 2**31 or more ahead in raw numbers), or ahead with an
+    uptime more than a minute back, is a restart if the next datagram continues it, a stray if the
+    next continues the old stream. Gaps are small in the
     tests (a number per entry), so this is only for them.
     """
 
@@ -604,12 +605,13 @@ class LossModel:
 
     def datagram(self, key, number: int, units: int | None, received: int, uptime: int | None = None) -> None:
         s = self.streams.get(key)
-        if s is None or (uptime is not None and s["uptime"] is not None and uptime < s["uptime"]):
-            if s is not None:
-                self._lose_all(s)
+        if s is None:
             self.streams[key] = self._started(number, units, uptime)
             return
         verdict = self._verdict(s, number)
+        if verdict in ("next", "gap") and uptime is not None and s["uptime"] is not None \
+                and uptime < s["uptime"] - REORDER_WAIT // 1000:
+            verdict = "other"  # the uptime went back by more than a minute: a restart if the next datagram agrees
         if verdict != "other":
             s["candidate"] = None
             self._apply(s, verdict, number, units, received, uptime)

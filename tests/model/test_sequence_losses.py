@@ -30,24 +30,28 @@ def _stream(rng: random.Random, n: int, *, restarts: bool, unknown: bool, reorde
     that was to follow."""
     start = rng.choice([0, rng.randrange(SEQUENCE_SPACE - 10_000 * (not wrap)),
                         SEQUENCE_SPACE - rng.randrange(1, 200) if wrap else 0, 2**31 + rng.randrange(2**30)])
-    number, uptime, sent, dropped = start, 1_000, [], 0
+    number, uptime, sent, dropped = start, 10_000_000, [], 0  # uptime in ms
     for i in range(n):
         if restarts and i and rng.random() < 0.03:  # an exporter restart: a new number, maybe a new uptime
             # 2**31 or more away from the old numbers either way, so that an old datagram arriving after
             # the restart is no gap of a billion in the new sequence (the model keeps each missing number).
-            for new in [0, *(rng.randrange(SEQUENCE_SPACE) for _ in range(20))]:
-                if _restart_is_clear(new, number, [x for x, _, _ in sent]):
-                    number = new
-                    break
-            if rng.random() < 0.5:
-                uptime = rng.randrange(0, 500)
+            if rng.random() < 0.3:  # a reboot seen only in the uptime: the number goes on a little ahead
+                number = (number + rng.randrange(1, 2_000)) % SEQUENCE_SPACE
+                uptime = rng.randrange(0, 5_000)
+            else:
+                for new in [0, *(rng.randrange(SEQUENCE_SPACE) for _ in range(20))]:
+                    if _restart_is_clear(new, number, [x for x, _, _ in sent]):
+                        number = new
+                        break
+                if rng.random() < 0.5:
+                    uptime = rng.randrange(0, 5_000)
         units = None if unknown and rng.random() < 0.05 else rng.choice([0, 1, 1, 30, rng.randrange(1, 40)])
         if i and rng.random() < drop:
             dropped += units or 0
         else:
             sent.append((number, units, uptime))
         number = (number + (units if units is not None else rng.randrange(1, 40))) % SEQUENCE_SPACE
-        uptime += 10
+        uptime += rng.choice([0, 10, 1_000, 30_000])
     # Reordering: each datagram after the first moves back by at most ``reorder`` places.
     arrived = sent[:1]
     for item in sent[1:]:
@@ -155,6 +159,11 @@ def test_the_model_by_hand():
     assert lost([0, 60, *range(90, 90 + 30 * 64, 30)]) == {T0 // PANE * PANE: 30}  # the 64th closes it
     assert lost([0, 60, *range(90, 90 + 30 * 63, 30), 30, 1980]) == {}  # the last moment to fill it
     assert lost([0, 30, 30, 60, 0, 90]) == {}  # duplicates
+    # A reboot seen in the uptime only (the number goes on ahead): nothing lost; without the uptime, a gap.
+    reboot = [(0, 30, 900_000), (30, 30, 901_000), (500, 30, 2_000), (530, 30, 3_000), *((560 + 30 * i, 30, 4_000)
+                                                                                       for i in range(64))]
+    times = [T0 + i for i in range(len(reboot))]
+    assert _model(reboot, times, True) == {} and _model(reboot, times, False) == {T0 // PANE * PANE: 440}
     # A slow exporter: the gap is decided by the next datagram a minute or more after the one that revealed it.
     slow = [(0, 30, 0), (60, 30, 0), (90, 30, 0), (30, 30, 0)]
     assert _model(slow, [T0, T0 + 1, T0 + 59_999_999, T0 + 60_000_000], False) == {}

@@ -456,18 +456,19 @@ def judge_sequence(stream: Stream | None, sequence: int, units: int | None, rece
       decides: if it continues that number, a new sequence starts there and loses nothing (the old
       one's open gaps close); if it continues the old stream, the odd one was a stray (a datagram
       later than the window, a duplicate from long ago) and costs nothing. A gap that straddles the
-      wrap at 2**32 is taken for a restart too. An exporter uptime that went back (when the decoder
-      gives it) is a restart at once.
+      wrap at 2**32 is taken for a restart too. So is a datagram ahead whose exporter uptime (when
+      the decoder gives it) went back by more than a minute, when the next datagram agrees.
     * A datagram whose length is unknown (``units`` None: some of its records could not be counted)
       leaves the next number unknown: the next datagram ahead of it continues the stream from its
       own number, no gap judged. Filling a gap, such a datagram fills it from its number to the
       gap's end.
     """
-    if stream is None or (uptime_ms is not None and stream.uptime_ms is not None and uptime_ms < stream.uptime_ms):
-        if stream is not None:
-            _close(stream, lost, None, every=True)
+    if stream is None:
         return _advance(Stream(None), sequence, units, lost, uptime_ms, received_us)
     kind = _kind(stream, sequence)
+    if kind in (_NEXT, _GAP) and uptime_ms is not None and stream.uptime_ms is not None and \
+            stream.uptime_ms - uptime_ms > REORDER_WAIT_US // 1000:
+        kind = _OTHER  # the exporter's uptime went back (more than reordering explains): a restart, if the next agrees
     if kind != _OTHER:
         stream.candidate = None
         return _act(stream, kind, sequence, units, received_us, lost, uptime_ms)
