@@ -87,27 +87,84 @@ def _check(out):
 
 def test_the_samples_decode():
     assert len(EXPECTED) == 2 + 2 + 4 + 2
+    assert len(_FILE_ENDS) == len(SAMPLES) and [len(rows) for rows in _FILE_FLOWS] == [2, 2, 4, 2]
     assert _decode([]).rejects.num_rows == 0
 
 
+#: The flow records in each data set of the samples, by set id (the tests know what they built).
+_FLOWS_IN_SET = {1: {256: 2}, 2: {256: 2, 258: 2}}
+
+
+def _units(which: int, sample: bytes) -> tuple[list[tuple[int, int]], list[int]]:
+    """Where each whole part of a sample ends and how many flows it holds; and where a shorter datagram may
+    cleanly end (after the header or a whole set: NetFlow v9 only, whose record count is not checked).
+    NetFlow v5 (its record count) and IPFIX (its message length) have no parts: any cut loses all of them.
+    sFlow counts whole samples before a cut (its sample count then rejects the rest)."""
+    units: list[tuple[int, int]] = []
+    if which == 1:
+        return _sets(sample, 20, _FLOWS_IN_SET[1])
+    if which == 3:  # sFlow v5 with an IPv4 agent: 28-byte header, then (format, length, body) samples
+        at = 28
+        while at + 8 <= len(sample):
+            kind, length = int.from_bytes(sample[at:at + 4], "big"), int.from_bytes(sample[at + 4:at + 8], "big")
+            at += 8 + length
+            units.append((at, int(kind in (1, 3))))
+    return units, []
+
+
+def _judge_cut(sample: bytes, alone: list[dict], cut: int, units, clean, out, context) -> None:
+    """A cut datagram, decoded alone: the flows of its whole parts, exactly; and a reject with its reason unless
+    it ends where a datagram may end (zero padding of less than a set header after it is padding)."""
+    whole = sum(flows for end, flows in units if end <= cut)
+    assert out.flows.to_pylist() == alone[:whole], (context, out.flows.num_rows, whole)
+    reasons = out.rejects.column("reason").to_pylist()
+    assert all(reasons), context
+    ends_cleanly = any(end <= cut < end + 4 and not any(sample[end:cut]) for end in clean)
+    assert bool(reasons) != ends_cleanly, (context, reasons, ends_cleanly)
+    assert not len(out.waiting), context
+
+
+def _alone(payload: bytes):
+    return decode(Datagrams.from_payloads([(T, BAD_EXPORTER, 5000, 2055, payload)]), FlowState(), source="s",
+                  input_file="f")
+
+
 def test_every_truncation_of_every_sample_is_a_reject_or_a_shorter_datagram():
-    for sample in SAMPLES:
+    """Every cut of every sample is judged: the flows of its whole parts and nothing else, and a reject
+    saying why unless what is left is a datagram that may end there; among good datagrams, too."""
+    for which, sample in enumerate(SAMPLES):
         cuts = [sample[:k] for k in range(len(sample))]
-        out = _check(_decode(cuts))
-        rejected = {int(r["record"].split()[1]) for r in out.rejects.to_pylist()}
-        waiting = len(out.waiting)
-        # each cut datagram is rejected, unless it ends exactly where a set or sample ends
-        assert len(rejected) + waiting >= len(cuts) * 0.8, (len(rejected), len(cuts))
+        _check(_decode(cuts))
+        units, clean = _units(which, sample)
+        alone = _alone(sample).flows.to_pylist()
+        for k, cut in enumerate(cuts):
+            _judge_cut(sample, alone, k, units, clean, _alone(cut), f"sample {which} cut to {k} bytes")
 
 
 def test_ipfix_cut_anywhere_with_a_message_length_that_agrees():
-    """The message length patched to the cut, so the set and template walk itself meets the end."""
+    """The message length patched to the cut, so the set and template walk itself meets the end: every cut
+    counts the flows of the whole sets before it and rejects the rest, unless it ends after a whole set."""
     sample = SAMPLES[2]
-    cuts = [sample[:2] + k.to_bytes(2, "big") + sample[4:k] for k in range(16, len(sample))]
-    out = _check(_decode(cuts))
+    cuts = {k: sample[:2] + k.to_bytes(2, "big") + sample[4:k] for k in range(16, len(sample))}
+    out = _check(_decode(list(cuts.values())))
     reasons = out.rejects.column("reason").to_pylist()
     assert any("claims" in r for r in reasons) and any("runs past the end" in r or "claims" in r for r in reasons)
-    assert len({int(r["record"].split()[1]) for r in out.rejects.to_pylist()}) >= len(cuts) * 0.8
+    units, clean = _sets(sample, 16, _FLOWS_IN_SET[2])
+    alone = _alone(sample).flows.to_pylist()
+    for k, cut in cuts.items():
+        _judge_cut(cut, alone, k, units, clean, _alone(cut), f"IPFIX cut to {k} bytes, length patched")
+
+
+def _sets(sample: bytes, at: int, flows_in_set: dict) -> tuple[list[tuple[int, int]], list[int]]:
+    """A v9/IPFIX sample's sets after its ``at``-byte header: where each ends and its flows; a datagram whose
+    count or length does not judge its end may end after the header or any whole set."""
+    units, clean = [], [at]
+    while at + 4 <= len(sample):
+        set_id, length = int.from_bytes(sample[at:at + 2], "big"), int.from_bytes(sample[at + 2:at + 4], "big")
+        at += length
+        units.append((at, flows_in_set.get(set_id, 0)))
+        clean.append(at)
+    return units, clean
 
 
 @FUZZ
@@ -181,19 +238,38 @@ def test_padding_after_records_and_templates_is_no_reject():
     assert len([r for r in out.flows.to_pylist() if r["exporter"] == BAD_EXPORTER]) == 2
 
 
+COLLECTOR_FILE = fe.collector_file([(T, GOOD_EXPORTER, 5000, payload) for payload in SAMPLES])
+#: Where each sample's record ends in the collector file, and the flows of that sample's file alone.
+_FILE_ENDS = [int(d.offset[i]) + int(d.length[i])
+              for d in [udp_datagrams(COLLECTOR_FILE, input_file="f", source="s")[0]] for i in range(len(d))]
+_FILE_FLOWS = [decode(udp_datagrams(fe.collector_file([(T, GOOD_EXPORTER, 5000, payload)]), input_file="f",
+                                    source="s")[0], FlowState(), source="s", input_file="f").flows.to_pylist()
+               for payload in SAMPLES]
+
+
+def _file_outcome(capture: bytes):
+    datagrams, file_rejects = udp_datagrams(capture, input_file="f", source="s")
+    out = decode(datagrams, FlowState(), source="s", input_file="f")
+    for row in file_rejects.to_pylist() + out.rejects.to_pylist():
+        assert row["reason"] and len(row["reason"]) <= 512, row
+    return out.flows.to_pylist(), file_rejects.num_rows + out.rejects.num_rows
+
+
 @FUZZ
 @given(st.binary(max_size=400), st.integers(0, 300))
 def test_collector_files_cut_or_followed_by_garbage(garbage, cut):
-    data = fe.collector_file([(T, GOOD_EXPORTER, 5000, payload) for payload in SAMPLES])
-    for capture in (data[: len(data) - cut], data + garbage, garbage):
-        datagrams, rejects = udp_datagrams(capture, input_file="f", source="s")
-        assert all(r["reason"] for r in rejects.to_pylist())
-        _check_alone(decode(datagrams, FlowState(), source="s", input_file="f"))
-
-
-def _check_alone(out):
-    for row in out.rejects.to_pylist():
-        assert row["reason"] and len(row["reason"]) <= 512
+    """Conservation: a collector file cut anywhere counts every flow of each datagram it still holds whole (and
+    rejects the cut one with its reason); garbage after a whole file costs none of its flows; garbage alone
+    counts nothing."""
+    size = len(COLLECTOR_FILE) - cut
+    flows, rejected = _file_outcome(COLLECTOR_FILE[:size])
+    whole = [row for end, rows in zip(_FILE_ENDS, _FILE_FLOWS) if end <= size for row in rows]
+    assert flows == whole, (cut, len(flows), len(whole))
+    assert rejected or size in (*_FILE_ENDS, len(COLLECTOR_FILE)), f"cut {cut} bytes from the end: no reject"
+    flows, _ = _file_outcome(COLLECTOR_FILE + garbage)
+    assert flows == [row for rows in _FILE_FLOWS for row in rows]
+    flows, rejected = _file_outcome(garbage)
+    assert flows == [] and (rejected or not garbage)
 
 
 # -- the real corpus's datagrams, mutated (issue 34: not only our encoder's) --------------------------
