@@ -608,7 +608,7 @@ class LossModel:
         if s is None:
             self.streams[key] = self._started(number, units, uptime)
             return
-        verdict = self._verdict(s, number)
+        verdict = self._verdict(s, number, received)
         if verdict in ("next", "gap") and uptime is not None and s["uptime"] is not None \
                 and uptime < s["uptime"] - REORDER_WAIT // 1000:
             verdict = "other"  # the uptime went back by more than a minute: a restart if the next datagram agrees
@@ -618,7 +618,7 @@ class LossModel:
             return
         if s["candidate"] is not None:
             new = self._started(*s["candidate"], None)
-            verdict = self._verdict(new, number)
+            verdict = self._verdict(new, number, received)
             if verdict in ("next", "gap"):
                 self._lose_all(s)
                 self.streams[key] = new
@@ -635,9 +635,9 @@ class LossModel:
         return s
 
     @staticmethod
-    def _verdict(s: dict, number: int) -> str:
-        if number in s["missing"]:
-            return "fill"
+    def _verdict(s: dict, number: int, received: int) -> str:
+        if number in s["missing"] and received - s["missing"][number][2] < REORDER_WAIT:
+            return "fill"  # (a late datagram fills a gap only within a minute of the datagram that revealed it)
         if number == s["next"]:
             return "next"
         last = s["starts"][-1]
@@ -681,6 +681,14 @@ class LossModel:
             if len(s["starts"]) - opened > REORDER_WINDOW or (received is not None and received - revealed >= REORDER_WAIT):
                 del s["missing"][n]
                 model.lost[pane] += 1
+
+    def flush(self, now: int) -> None:
+        """Count as lost every missing number revealed a minute or more before ``now`` (nothing can fill it)."""
+        for s in self.streams.values():
+            for n, (pane, _, revealed) in list(s["missing"].items()):
+                if now - revealed >= REORDER_WAIT:
+                    del s["missing"][n]
+                    self.lost[pane] += 1
 
     def _lose_all(self, s: dict) -> None:
         for pane, _, _ in s["missing"].values():

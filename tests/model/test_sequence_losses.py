@@ -85,7 +85,7 @@ def _pipeline(datagrams: list[tuple], times: list[int], cuts: list[int], with_up
     """Lost units per pane through ``telemetry``'s counting, batch by batch, state through JSON."""
     lost: dict[int, int] = {}
     state = TelemetryState()
-    bounds = [0, *sorted(c for c in cuts if 0 < c < len(datagrams)), len(datagrams)]
+    bounds = [0, *sorted({c for c in cuts if 0 < c < len(datagrams)}), len(datagrams)]
     for lo, hi in zip(bounds, bounds[1:]):
         rows = datagrams[lo:hi]
         table = pa.table({
@@ -100,6 +100,7 @@ def _pipeline(datagrams: list[tuple], times: list[int], cuts: list[int], with_up
         streams = dict(state.streams)
         streams = {k: v.copy() for k, v in streams.items()}
         telemetry._count_losses(table, streams, lost)
+        telemetry.close_gaps_by(streams, max(times[lo:hi]), lost)  # as read_telemetry does at the end of a batch
         state = TelemetryState.from_json(TelemetryState(streams=streams).to_json())
     return {p: v for p, v in lost.items() if v}
 
@@ -108,6 +109,7 @@ def _model(datagrams: list[tuple], times: list[int], with_uptime: bool) -> dict[
     model = LossModel()
     for receive, (number, units, uptime) in zip(times, datagrams):
         model.datagram("stream", number, units, receive, uptime if with_uptime else None)
+    model.flush(max(times))
     return {p: v for p, v in model.lost.items() if v}
 
 

@@ -88,3 +88,14 @@ def test_state_kept_before_the_window_existed_still_loads():
     old = {"streams": [[ROUTER, "netflow5", 0, 60, 30]]}
     lost, _ = _batch([90, 150, 120], TelemetryState.from_json(old))
     assert lost == {}
+
+
+def test_the_last_gap_of_a_source_that_stops_is_decided_by_the_watermark():
+    """No later datagram comes: a batch whose watermark is a minute past the gap decides it."""
+    lost, state = _batch([0, 60], TelemetryState())
+    assert lost == {}
+    rules = TelemetryRules(local_networks=RULES.local_networks, watermark_us=T0 + 61 * US)
+    out = read_telemetry([], state, source="edge", rules=rules)
+    assert dict(zip(out.lost.column("pane_start").cast("int64").to_pylist(), out.lost.column("lost").to_pylist())) \
+        == {T0: 30}
+    assert read_telemetry([], state, source="edge", rules=TelemetryRules(watermark_us=T0 + 30 * US)).lost.num_rows == 0

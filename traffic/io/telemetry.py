@@ -14,8 +14,9 @@ order they were written, and that source's telemetry state from earlier batches,
 * ``lost``: per (source, 5-minute pane), the sequence units missing before a datagram of that pane:
   NetFlow v5 and IPFIX count records, NetFlow v9 and sFlow datagrams. A stream is (exporter,
   format, domain). Reordering is not loss: a gap waits for the next ``REORDER_WINDOW`` (64)
-  datagrams of its stream, or a minute (``REORDER_WAIT_US``, receive time, decided by the next
-  datagram), a late datagram fills it, and only what is still missing then counts,
+  datagrams of its stream, or a minute (``REORDER_WAIT_US``, receive time; a batch decides the
+  gaps a minute older than its newest datagram or the watermark), a late datagram fills it, and
+  only what is still missing then counts,
   in the pane of the datagram that revealed the gap; a duplicate costs nothing; a restart (the
   number going back past the window, a jump of 2**31 or more, the uptime going back) starts a new
   sequence and loses nothing (``judge_sequence``).
@@ -52,7 +53,8 @@ from traffic.core.records import PACKET, PARSED_SCHEMA, REJECT, TICK
 from traffic.io.captures import Datagrams, udp_datagrams
 from traffic.io.flows import FlowState, Waiting, decode, decode_waiting, expire_waiting
 
-__all__ = ["TelemetryRules", "TelemetryState", "Telemetry", "LOST_SCHEMA", "read_telemetry", "expire_waiting_by"]
+__all__ = ["TelemetryRules", "TelemetryState", "Telemetry", "LOST_SCHEMA", "read_telemetry", "expire_waiting_by",
+           "judge_sequence", "close_gaps_by"]
 
 _TS = pa.timestamp("us", tz="UTC")
 _PANE_US = 300_000_000
@@ -152,6 +154,7 @@ def read_telemetry(files: list[tuple[bytes, str, int]], state: TelemetryState, *
                                              template_wait_us=rules.template_wait_us, source=source,
                                              input_file=files[-1][1] if files else "")
         tables.append(expired)
+    close_gaps_by(streams, max((t for t in (newest, rules.watermark_us) if t is not None), default=None), lost)
     parsed = pa.concat_tables([t.cast(PARSED_SCHEMA) for t in tables]) if tables else PARSED_SCHEMA.empty_table()
     lost_table = pa.table({"source": [source] * len(lost), "pane_start": pa.array(sorted(lost), pa.int64()).cast(_TS),
                            "lost": pa.array([lost[p] for p in sorted(lost)], pa.int64())}, schema=LOST_SCHEMA)
@@ -445,10 +448,11 @@ def judge_sequence(stream: Stream | None, sequence: int, units: int | None, rece
     * A datagram that carries the number expected next continues the stream.
     * A datagram ahead of it by less than 2**31 opens a gap (the units between), which waits: a late
       datagram that arrives in it fills what it covers (reordering is not loss). A gap closes once
-      ``REORDER_WINDOW`` (64) more datagrams have moved the stream forward, or one does that was
-      received ``REORDER_WAIT_US`` (60 s) or more after the datagram that revealed the gap; what is
-      still missing then is lost, counted in the pane of the datagram that revealed the gap, so the
-      count per pane is the same however the datagrams fall into batches.
+      ``REORDER_WINDOW`` (64) more datagrams have moved the stream forward, or ``REORDER_WAIT_US``
+      (60 s, receive time) after the datagram that revealed it: a late datagram fills it only before
+      both. What is still missing then is lost, counted in the pane of the datagram that revealed the
+      gap, so the count per pane is the same however the datagrams fall into batches and whenever
+      the gap is looked at next (a later datagram, or the end of a batch: ``close_gaps_by``).
     * A datagram behind it, in no open gap, among the numbers of the last ``REORDER_WINDOW``
       datagrams: a duplicate, nothing lost.
     * Anything else may be a restart: the number went back further, or jumped ahead by 2**31 or more
@@ -465,7 +469,7 @@ def judge_sequence(stream: Stream | None, sequence: int, units: int | None, rece
     """
     if stream is None:
         return _advance(Stream(None), sequence, units, lost, uptime_ms, received_us)
-    kind = _kind(stream, sequence)
+    kind = _kind(stream, sequence, received_us)
     if kind in (_NEXT, _GAP) and uptime_ms is not None and stream.uptime_ms is not None and \
             stream.uptime_ms - uptime_ms > REORDER_WAIT_US // 1000:
         kind = _OTHER  # the exporter's uptime went back (more than reordering explains): a restart, if the next agrees
@@ -474,7 +478,7 @@ def judge_sequence(stream: Stream | None, sequence: int, units: int | None, rece
         return _act(stream, kind, sequence, units, received_us, lost, uptime_ms)
     if stream.candidate is not None:
         restarted = _advance(Stream(None), *stream.candidate, lost, None, None)
-        kind = _kind(restarted, sequence)
+        kind = _kind(restarted, sequence, received_us)
         if kind in (_NEXT, _GAP):  # it continues the candidate: a restart
             _close(stream, lost, None, every=True)
             return _act(restarted, kind, sequence, units, received_us, lost, uptime_ms)
@@ -487,10 +491,11 @@ def judge_sequence(stream: Stream | None, sequence: int, units: int | None, rece
 _NEXT, _FILL, _DUPLICATE, _GAP, _OTHER = range(5)
 
 
-def _kind(stream: Stream, sequence: int) -> int:
+def _kind(stream: Stream, sequence: int, received_us: int) -> int:
     """Where a number lies against a stream (``judge_sequence``): next, in a gap, a duplicate, ahead, or other."""
-    if stream.gaps and any((sequence - gap[0]) % _SEQUENCE_SPACE < gap[1] for gap in stream.gaps):
-        return _FILL
+    if stream.gaps and any((sequence - gap[0]) % _SEQUENCE_SPACE < gap[1] and received_us - gap[4] < REORDER_WAIT_US
+                           for gap in stream.gaps):
+        return _FILL  # (in a gap, and in time: a gap a minute old is decided whenever it is next looked at)
     # Where the stream stands: the number expected next, or (the last length unknown) the last one's number.
     front = stream.recent[-1] if stream.next is None else stream.next
     if sequence == stream.next or (stream.next is None and 0 < sequence - front < _RESTART_JUMP):
@@ -506,7 +511,7 @@ def _kind(stream: Stream, sequence: int) -> int:
 def _act(stream: Stream, kind: int, sequence: int, units: int | None, received_us: int, lost: dict[int, int],
          uptime_ms: int | None) -> Stream:
     if kind == _FILL:
-        _fill(stream, sequence, units)
+        _fill(stream, sequence, units, received_us)
     elif kind == _GAP:
         missing, pane = sequence - stream.next, received_us // _PANE_US * _PANE_US
         if len(stream.gaps) < _MAX_GAPS:
@@ -533,6 +538,18 @@ def _advance(stream: Stream, sequence: int, units: int | None, lost: dict[int, i
     return stream
 
 
+def close_gaps_by(streams: dict, now_us: int | None, lost: dict[int, int]) -> None:
+    """Count as lost the gaps of ``streams`` revealed ``REORDER_WAIT_US`` or more before ``now_us`` (the
+    later of a batch's newest datagram and the watermark): no datagram can fill them any more, so a
+    source that stops sending does not keep its last gap undecided for ever. The same count, in the
+    same panes, as when a later datagram of the stream decides them (``judge_sequence``)."""
+    if now_us is None:
+        return
+    for stream in streams.values():
+        if stream.gaps:
+            _close(stream, lost, now_us)
+
+
 def _close(stream: Stream, lost: dict[int, int], received_us: int | None, every: bool = False) -> None:
     """Count the gaps that left the window (or all, at a restart) as lost, in the panes that revealed them."""
     kept = []
@@ -546,11 +563,11 @@ def _close(stream: Stream, lost: dict[int, int], received_us: int | None, every:
     stream.gaps = kept
 
 
-def _fill(stream: Stream, sequence: int, units: int | None) -> bool:
-    """Remove what a late datagram covers from the open gaps; whether it fell in one."""
+def _fill(stream: Stream, sequence: int, units: int | None, received_us: int) -> bool:
+    """Remove what a late datagram covers from the open gaps it is in time for; whether it fell in one."""
     for i, (first, length, pane, opened, revealed) in enumerate(stream.gaps):
         offset = (sequence - first) % _SEQUENCE_SPACE
-        if offset >= length:
+        if offset >= length or received_us - revealed >= REORDER_WAIT_US:
             continue
         covered = length - offset if units is None else min(units, length - offset)
         if covered == 0:  # (a datagram of no records fills nothing)
