@@ -175,6 +175,9 @@ FLOW_SCHEMA = pa.schema([
 SEQUENCE_SCHEMA = pa.schema([
     ("receive_ts", _TS), ("exporter", pa.string()), ("format", pa.string()), ("domain", pa.int64()),
     ("sequence", pa.int64()), ("units", pa.int64()), ("export_ts", _TS),
+    # The exporter's uptime in ms (NetFlow v5/v9 sysUptime, sFlow's uptime; null for IPFIX, which has
+    # none): an uptime that went back says the exporter restarted (``telemetry.judge_sequence``).
+    ("uptime_ms", pa.int64()),
 ])
 
 SFLOW5, NETFLOW5, NETFLOW9, IPFIX = "sflow5", "netflow5", "netflow9", "ipfix"
@@ -912,8 +915,8 @@ class _Decoder:
         if end - at < 16:
             self.reject(context, start, f"sFlow datagram header cut off ({size} of {24 + address_length} bytes)")
             return
-        sub_agent, sequence, _, samples = struct.unpack_from(">IIII", data, at)
-        self._header(context, SFLOW5, sub_agent, sequence, -1)
+        sub_agent, sequence, uptime, samples = struct.unpack_from(">IIII", data, at)
+        self._header(context, SFLOW5, sub_agent, sequence, -1, uptime)
         self.units[context] = 1
         at += 16
         for k in range(samples):
@@ -1304,7 +1307,7 @@ class _Decoder:
     def _sequence_table(self) -> pa.Table:
         rows = [i for i, s in enumerate(self.sequence) if s is not None]
         take = lambda values: [values[i] for i in rows]  # noqa: E731
-        export = take(self.export)
+        export, uptime = take(self.export), take(self.uptime)
         return pa.Table.from_arrays([
             pa.array(take(self.receive), _TS),
             pa.array(take(self.exporter), pa.string()),
@@ -1313,6 +1316,7 @@ class _Decoder:
             pa.array(take(self.sequence), pa.int64()),
             pa.array(take(self.units), pa.int64()),
             pa.array([e if e >= 0 else None for e in export], _TS),
+            pa.array([u if u >= 0 else None for u in uptime], pa.int64()),
         ], schema=SEQUENCE_SCHEMA)
 
 
