@@ -155,24 +155,82 @@ def test_ipfix_templates_are_kept_across_batches_and_data_before_its_template_wa
     assert len(TelemetryState.from_json(json.loads(harness.table("flow_state")[0]["state"])).waiting) == 0
 
 
+def _lost(harness: Harness) -> dict:
+    return {(r["source"], r["pane_start"]): r["lost"] for r in harness.table("source_panes") if r["lost"]}
+
+
 def test_sequence_gaps_are_counted_and_flag_the_hour(spark, tmp_path):
     harness = Harness(tmp_path, spark, local_networks=LOCAL)
     at = T0 + timedelta(minutes=20)
     one = [_flow("10.1.0.5", "198.51.100.9", 100, 1, at, at)]
     datagrams = [(_us(at), fe.netflow5(one, export_us=_us(at), uptime_ms=10_000, sequence=0)),
-                 # 5 records lost: the next datagram's sequence says 6, not 1
+                 # 5 records missing: the next datagram's sequence says 6, not 1
                  (_us(at) + 10, fe.netflow5(one, export_us=_us(at), uptime_ms=10_000, sequence=6))]
     _write(harness, "edge", "a.flows.pcap", datagrams)
     harness.ingest()
-    panes = {(r["source"], r["pane_start"]): r for r in harness.table("source_panes")}
-    assert panes[("edge", T0 + timedelta(minutes=20))]["lost"] == 5
+    # Not decided yet (DESIGN §7a: reordering is not loss): a late datagram may still fill the gap
+    # within a minute, and neither a later datagram nor the watermark is a minute past it.
+    assert _lost(harness) == {}
     later = T0 + timedelta(hours=2)
     _write(harness, "edge", "b.flows.pcap", [(_us(later), _tick(later, sequence=7))])
     harness.ingest()
+    # The next datagram, two hours on, decides it: lost in the pane of the datagram that revealed it.
+    assert _lost(harness) == {("edge", T0 + timedelta(minutes=20)): 5}
     harness.close()
     ledger = {r["period_start"]: r for r in harness.table("periods") if r["grain"] == "hour"}
     assert ledger[T0]["lost"] == 5 and ledger[T0]["dq_status"] == "warning"
     assert ledger[T0 + timedelta(hours=1)]["lost"] == 0
+
+
+def test_the_freeze_after_the_batch_that_revealed_a_gap_flags_its_hour(spark, tmp_path):
+    """A gap revealed 30 s before the hour ends, by the batch whose watermark then passes the hour: no
+    datagram is yet a minute past it, but the freeze that follows this very batch must know the hour's
+    losses. The batch decides the gaps of the hours its watermark closes. (Before, the hour froze with
+    nothing lost; the 5 records came into a frozen hour's pane a batch later.)"""
+    harness = Harness(tmp_path, spark, local_networks=LOCAL)
+    gap_at, then = T0 + timedelta(minutes=59, seconds=30), T0 + timedelta(hours=1, seconds=5)
+    one = [_flow("10.1.0.5", "198.51.100.9", 100, 1, gap_at, gap_at)]
+    _write(harness, "edge", "a.flows.pcap", [
+        (_us(gap_at) - 10 * US, fe.netflow5(one, export_us=_us(gap_at) - 10 * US, uptime_ms=10_000, sequence=0)),
+        (_us(gap_at), fe.netflow5(one, export_us=_us(gap_at), uptime_ms=20_000, sequence=6)),  # 1-5 missing
+        (_us(then), _tick(then, sequence=7)),
+    ])
+    result = harness.ingest()
+    assert result.watermark_after == then  # past the hour: the next freeze freezes it
+    assert _lost(harness) == {("edge", T0 + timedelta(minutes=55)): 5}
+    harness.close()
+    ledger = {r["period_start"]: r for r in harness.table("periods") if r["grain"] == "hour"}
+    assert (ledger[T0]["lost"], ledger[T0]["dq_status"]) == (5, "warning")
+
+
+def test_the_gap_of_a_source_that_stopped_is_decided_by_the_watermark_before_its_hour_freezes(spark, tmp_path):
+    """``edge`` reveals a gap and sends nothing more; ``core`` goes on until ``edge`` is stalled and the
+    watermark passes edge's hour. That batch has no file of edge, yet it decides edge's gap from its
+    journaled state (and writes edge's state without it): the freeze after it flags the hour, once."""
+    harness = Harness(tmp_path, spark, local_networks=LOCAL)
+    at = T0 + timedelta(minutes=20)
+    one = [_flow("10.1.0.5", "198.51.100.9", 100, 1, at, at)]
+    _write(harness, "edge", "a.flows.pcap", [
+        (_us(at), fe.netflow5(one, export_us=_us(at), uptime_ms=10_000, sequence=0)),
+        (_us(at) + 10, fe.netflow5(one, export_us=_us(at), uptime_ms=10_000, sequence=6))])
+    _write(harness, "core", "c1.flows.pcap", [(_us(at), _tick(at))])
+    harness.ingest()
+    assert _lost(harness) == {}
+    for n, minutes in enumerate((40, 80, 150), start=1):  # core alone: edge stalls after an hour
+        when = at + timedelta(minutes=minutes)
+        _write(harness, "core", f"c{n + 1}.flows.pcap", [(_us(when), _tick(when, sequence=n))])
+        harness.ingest()
+    assert harness.watermark >= T0 + timedelta(hours=2)
+    assert _lost(harness) == {("edge", T0 + timedelta(minutes=20)): 5}
+    (row,) = [r for r in harness.table("flow_state") if r["source"] == "edge"]
+    assert all(not s.gaps for s in TelemetryState.from_json(json.loads(row["state"])).streams.values())
+    harness.close()
+    ledger = {r["period_start"]: r for r in harness.table("periods") if r["grain"] == "hour"}
+    assert (ledger[T0]["lost"], ledger[T0]["dq_status"]) == (5, "warning")
+    when = at + timedelta(minutes=160)
+    _write(harness, "core", "c5.flows.pcap", [(_us(when), _tick(when, sequence=4))])
+    harness.ingest()
+    assert _lost(harness) == {("edge", T0 + timedelta(minutes=20)): 5}  # once
 
 
 def test_a_flow_over_an_hour_boundary_is_late_only_in_its_closed_share(spark, tmp_path):

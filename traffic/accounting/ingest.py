@@ -9,7 +9,10 @@ Flow telemetry's data waiting for its template (DESIGN §7a) expires by the wate
 watermark after a batch has passed a waiting set's receive time plus ``template_wait``, that batch
 rejects the set ("its template never arrived") and writes the source's state without it, even when
 the source sent nothing in the batch (its state is journaled with the plan, so a batch run again
-rejects the same sets, once). A replay or restatement decodes with its own state and never writes
+rejects the same sets, once). Sequence gaps are decided the same way (DESIGN §7a "Loss"): once the
+watermark after a batch lies a minute past the datagram that revealed a gap, or has closed the gap's
+hour, that batch counts what is still missing as lost in the gap's pane (``source_panes``), so the
+freeze that follows sees every loss of the hours it freezes. A replay or restatement decodes with its own state and never writes
 the live one (``traffic.accounting.replay``); what of the archive still waits when it ends is rejected.
 """
 
@@ -33,9 +36,8 @@ from traffic.core.clock import ClockState, advance
 from traffic.core.periods import from_micros, future_limit, history_floor, hour_floor, hours_between, micros, month_start
 from traffic.core.settings import Settings
 from traffic.io import inbox as inbox_mod
-from traffic.io.flows import expire_waiting
 from traffic.io.readers import FLOWS
-from traffic.io.telemetry import TelemetryState
+from traffic.io.telemetry import TelemetryState, close_gaps_by, expire_waiting_by
 from traffic.runtime import jvm
 from traffic.runtime.spark import task_slots
 from traffic.storage import state as st
@@ -90,10 +92,28 @@ def plan_batch(settings: Settings, warehouse: Warehouse) -> dict | None:
         "now": settings.processing_now().isoformat(),
         "state_before": st.state_to_json(before),
         # Journaled with the plan, so a batch run again decodes with the templates it first had (and
-        # expires the same waiting data of sources that sent nothing this time).
-        "flow_state": st.read_flow_states(warehouse, telemetry, waiting=True),
+        # expires the same waiting data, and decides the same gaps, of sources that sent nothing this time).
+        "flow_state": _flow_states_to_journal(warehouse, telemetry),
         "files": [asdict(f) for f in planned],
     }
+
+
+def _flow_states_to_journal(warehouse: Warehouse, telemetry: set[str]) -> dict[str, dict]:
+    """The flow states a batch needs: of the sources with files in it, and of every source holding data
+    waiting for its template or a sequence gap not yet decided (the watermark decides both)."""
+    every = st.read_flow_states(warehouse, _flow_sources(warehouse), waiting=True)
+    return {source: doc for source, doc in every.items() if source in telemetry or _undecided(doc)}
+
+
+def _flow_sources(warehouse: Warehouse) -> list[str]:
+    table = warehouse.table("flow_state")
+    return table.read_arrow(columns=["source"]).column("source").to_pylist() if table.exists() else []
+
+
+def _undecided(doc: dict) -> bool:
+    """Whether a flow state holds something the watermark decides: waiting data or an open sequence gap."""
+    state = TelemetryState.from_json(doc)
+    return bool(state.waiting.sets) or any(stream.gaps for stream in state.streams.values())
 
 
 def announce_work(plan: dict) -> None:
@@ -292,6 +312,7 @@ class _Read:
     files: list[dict]  # the plan's files, with what reading them found
     changed_rejects: pa.Table  # rejects made on the driver: a planned file not read, waiting data expired
     summary: list[dict]  # per (fate, source, pane): records, bytes, newest time
+    lost: list[dict] = field(default_factory=list)  # sequence gaps the watermark decided on the driver
 
 
 @dataclass
@@ -441,7 +462,7 @@ def _write_hours(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally) -
         open_panes = panes.read_arrow(keys=hours, filter=is_open).select(parts.ACCOUNT_PARTS.names)
         panes.replace(P.sum_pane_rows(pa.concat_tables([account_parts, open_panes.cast(parts.ACCOUNT_PARTS)]), "open"),
                       keys=hours, txn=txn, op="ingest")
-    lost = st.rows(parts.read_parts(str(read.scratch), "lost", read.attempts))
+    lost = st.rows(parts.read_parts(str(read.scratch), "lost", read.attempts)) + read.lost
     _write_panes(warehouse, read.summary, txn, replace_hours=restated, lost=lost)
     _grow_late_counters(warehouse, read.summary, txn)
 
@@ -463,41 +484,53 @@ def _replays(plan: dict) -> bool:
 
 
 def _expire_waiting(settings: Settings, plan: dict, read: _Read, tally: _Tally) -> tuple[_Read, dict[str, dict]]:
-    """The flow states this batch leaves, and ``read`` with the waiting data they no longer hold as rejects.
+    """The flow states this batch leaves, and ``read`` with what the watermark decided in them: waiting
+    data as rejects, sequence gaps as losses.
 
-    An ingest batch rejects the waiting sets the watermark has passed by ``template_wait`` (their
-    template never arrived), in the states its tasks left and in the journaled states of sources that
-    sent nothing this batch; it writes those states. A replay or restatement rejects every set its own
-    decoding left waiting (the archive has no later file) and writes no state (DESIGN §7a).
+    An ingest batch, with the watermark after it (DESIGN §7a), in the states its tasks left and in the
+    journaled states of sources that sent nothing this batch: rejects the waiting sets the watermark
+    has passed by ``template_wait`` (their template never arrived, ``expire_waiting_by``), and counts
+    as lost the sequence gaps revealed a minute before the watermark or in an hour it has closed
+    (``close_gaps_by``), so the freeze that follows this batch sees the losses of the hours it
+    freezes. Both are written with the batch (rejects, ``source_panes``, the states): exactly once.
+    A replay or restatement rejects every set its own decoding left waiting (the archive has no
+    later file) and writes no state.
     """
     telemetry = st.rows(parts.read_parts(str(read.scratch), "telemetry", read.attempts))
     after = {r["source"]: json.loads(r["state"]) for r in telemetry}
+    watermark = None if _replays(plan) or tally.after.watermark is None else micros(tally.after.watermark)
     if _replays(plan):
-        before_us, journaled = _NEVER, {}
+        watermark_us, journaled = _NEVER, {}
     else:
-        watermark = tally.after.watermark
-        before_us = None if watermark is None else micros(watermark) - int(settings.template_wait.total_seconds()
-                                                                             * 1_000_000)
-        journaled = {s: doc for s, doc in plan.get("flow_state", {}).items() if s not in after}
-    expired, states = [], {}
+        watermark_us, journaled = watermark, {s: doc for s, doc in plan.get("flow_state", {}).items() if s not in after}
+    template_wait_us = int(settings.template_wait.total_seconds() * 1_000_000)
+    closed_before = None if watermark is None else micros(hour_floor(tally.after.watermark))
+    expired, lost, states = [], [], {}
     for source, doc in sorted({**journaled, **after}.items()):
         state = TelemetryState.from_json(doc)
-        if before_us is not None and state.waiting.sets:
-            rejects, kept = expire_waiting(state.waiting, before_us=before_us, source=source, input_file="")
-            if rejects.num_rows:
-                expired.append(rejects)
-                doc = replace(state, waiting=kept).to_json()
-            elif source in journaled:
-                continue  # a source that sent nothing and lost nothing: its state stays as it is
+        rejects, kept = expire_waiting_by(state.waiting, newest_us=None, watermark_us=watermark_us,
+                                          template_wait_us=template_wait_us, source=source)
+        decided: dict[int, int] = {}
+        if watermark is not None:
+            close_gaps_by(state.streams, watermark, decided, closed_before_us=closed_before)
+        if rejects.num_rows or decided:
+            expired += [rejects] if rejects.num_rows else []
+            lost += [{"source": source, "pane_start": from_micros(pane), "lost": units}
+                     for pane, units in sorted(decided.items()) if units]
+            doc = replace(state, waiting=kept).to_json()
+        elif source in journaled:
+            continue  # a source that sent nothing and had nothing decided: its state stays as it is
         states[source] = doc
-    if not expired:
-        return read, ({} if _replays(plan) else states)
-    rejects = pa.concat_tables(expired).select(parts.REJECT_ROWS.names).cast(parts.REJECT_ROWS)
+    states = {} if _replays(plan) else states
+    if not expired and not lost:
+        return read, states
+    rejects = pa.concat_tables(expired).select(parts.REJECT_ROWS.names).cast(parts.REJECT_ROWS) if expired else \
+        parts.REJECT_ROWS.empty_table()
     rows = [{"fate": B.REJECT, "source": source, "pane": None, "records": count, "packets": 0, "bytes": 0,
              "max_ts": None} for source, count in sorted(_count_by(rejects.column("source").to_pylist()).items())]
     read = replace(read, changed_rejects=pa.concat_tables([read.changed_rejects, rejects]),
-                   summary=read.summary + rows)
-    return read, ({} if _replays(plan) else states)
+                   summary=read.summary + rows if rows else read.summary, lost=read.lost + lost)
+    return read, states
 
 
 #: Before any receive time: a replay's waiting data all expires when its files end.

@@ -15,8 +15,9 @@ order they were written, and that source's telemetry state from earlier batches,
   NetFlow v5 and IPFIX count records, NetFlow v9 and sFlow datagrams. A stream is (exporter,
   format, domain). Reordering is not loss: a gap waits for the next ``REORDER_WINDOW`` (64)
   datagrams of its stream, or a minute (``REORDER_WAIT_US``, receive time; a batch decides the
-  gaps a minute older than its newest datagram or the watermark), a late datagram fills it, and
-  only what is still missing then counts,
+  gaps a minute older than its newest datagram or the watermark, and ingest, with the watermark
+  after the batch, also those of the hours that watermark closes: ``close_gaps_by``), a late
+  datagram fills it, and only what is still missing then counts,
   in the pane of the datagram that revealed the gap; a duplicate costs nothing; a restart (the
   number going back past the window, a jump of 2**31 or more, the uptime going back) starts a new
   sequence and loses nothing (``judge_sequence``).
@@ -538,25 +539,34 @@ def _advance(stream: Stream, sequence: int, units: int | None, lost: dict[int, i
     return stream
 
 
-def close_gaps_by(streams: dict, now_us: int | None, lost: dict[int, int]) -> None:
+def close_gaps_by(streams: dict, now_us: int | None, lost: dict[int, int], *,
+                  closed_before_us: int | None = None) -> None:
     """Count as lost the gaps of ``streams`` revealed ``REORDER_WAIT_US`` or more before ``now_us`` (the
     later of a batch's newest datagram and the watermark): no datagram can fill them any more, so a
     source that stops sending does not keep its last gap undecided for ever. The same count, in the
-    same panes, as when a later datagram of the stream decides them (``judge_sequence``)."""
-    if now_us is None:
+    same panes, as when a later datagram of the stream decides them (``judge_sequence``).
+
+    With ``closed_before_us`` (the start of the hour the watermark after the batch lies in), the gaps
+    revealed in a pane before it are decided too, however young: their hour is frozen next, and an
+    hour's losses must be known when it is frozen (its completeness check counts them). A datagram
+    that would have filled such a gap later counts as a duplicate; the loss stays with the hour."""
+    if now_us is None and closed_before_us is None:
         return
     for stream in streams.values():
         if stream.gaps:
-            _close(stream, lost, now_us)
+            _close(stream, lost, now_us, closed_before_us=closed_before_us)
 
 
-def _close(stream: Stream, lost: dict[int, int], received_us: int | None, every: bool = False) -> None:
-    """Count the gaps that left the window (or all, at a restart) as lost, in the panes that revealed them."""
+def _close(stream: Stream, lost: dict[int, int], received_us: int | None, every: bool = False,
+           closed_before_us: int | None = None) -> None:
+    """Count the gaps that left the window (or all, at a restart; or those in a closed hour) as lost, in
+    the panes that revealed them."""
     kept = []
     for gap in stream.gaps:
         first, units, pane, opened, revealed = gap
         if every or stream.seen - opened > REORDER_WINDOW or \
-                (received_us is not None and received_us - revealed >= REORDER_WAIT_US):
+                (received_us is not None and received_us - revealed >= REORDER_WAIT_US) or \
+                (closed_before_us is not None and pane < closed_before_us):
             lost[pane] = lost.get(pane, 0) + units
         else:
             kept.append(gap)
