@@ -279,6 +279,7 @@ import random  # noqa: E402
 
 import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
+import re  # noqa: E402
 
 from tests.support import flowcaps  # noqa: E402
 
@@ -358,3 +359,53 @@ def test_real_datagrams_mutated_never_raise_and_never_touch_the_next_batch(tmp_p
                 later = decode(Datagrams.from_payloads(intact), out.state, source="s", input_file="f")
                 assert later.flows.to_pylist() == expected, f"{context}: the next batch decodes differently"
     assert tried > 100
+
+
+def _ingest(harness, what: str) -> None:
+    try:
+        harness.ingest()
+    except Exception as error:  # noqa: BLE001 — the failure is the exception itself; say how to replay it
+        raise AssertionError(f"seed {SEED} (FLOW_FUZZ_SEED={SEED} replays it): ingest of {what} raised "
+                             f"{str(error).splitlines()[-1][:600]!r}") from error
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CORPUS_SOURCES, reason=f"{flowcaps.CORPUS} does not exist")
+def test_mutated_corpus_datagrams_through_ingest_leave_the_next_batch_exact(spark, tmp_path):
+    """Through the real ingest: each corpus source's batch 1 is a collector file of its datagrams mutated; batch 2
+    its intact datagrams. Ingest never fails, every reject says why, and what batch 2's file counts for the
+    source equals what the same file counts for a twin source that never saw the mutations."""
+    from tests.integration.test_flowcaps_tshark import _settings
+    from tests.support.harness import Harness
+
+    rng = random.Random(SEED)
+    names = {source.name: re.sub(r"[^A-Za-z0-9_.-]", "-", source.name) for source in CORPUS_SOURCES}
+    harness = Harness(tmp_path / "lake", spark, **_settings([f"{side}-{n}" for n in names.values()
+                                                             for side in ("fz", "ctl")]))
+    intact_files = {}
+    for source in CORPUS_SOURCES:
+        intact = _corpus_datagrams(source, tmp_path / "wrapped")
+        mutated = [(ts, exporter, sport, data) for index in sorted(rng.sample(range(len(intact)), min(3, len(intact))))
+                   for ts, exporter, sport, _, payload in [intact[index]] for _, data in _mutations(payload, rng)]
+        intact_files[source.name] = fe.collector_file([(ts, e, sport, payload) for ts, e, sport, _, payload in intact])
+        (harness.settings.inbox / f"fz-{names[source.name]}").mkdir(parents=True)
+        (harness.settings.inbox / f"fz-{names[source.name]}" / "1-mutated.flows.pcap").write_bytes(
+            fe.collector_file(mutated))
+    _ingest(harness, "batch 1 (mutated)")
+    for source in CORPUS_SOURCES:
+        for side in ("fz", "ctl"):
+            folder = harness.settings.inbox / f"{side}-{names[source.name]}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "2-intact.flows.pcap").write_bytes(intact_files[source.name])
+    _ingest(harness, "batch 2 (intact, after the mutated one)")
+    totals: dict = {}
+    for row in harness.table("packets") + harness.table("late_packets"):
+        if row["input_file"].endswith("2-intact.flows.pcap"):
+            pair = totals.setdefault(row["source"], {}).setdefault((row["local_ip"], row["remote_ip"]), [0, 0])
+            pair[0] += row["bytes"]
+            pair[1] += row["packets"] or 0
+    assert all(row["reason"] for row in harness.table("rejects"))
+    assert len([name for name in totals if name.startswith("ctl-")]) > len(names) // 2  # (the files did count)
+    differ = {name: (totals.get(f"fz-{n}"), totals.get(f"ctl-{n}")) for name, n in names.items()
+              if totals.get(f"fz-{n}") != totals.get(f"ctl-{n}")}
+    assert not differ, f"seed {SEED}: batch 2 counts differently after mutated datagrams: {differ}"
