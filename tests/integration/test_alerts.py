@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import asyncore  # deprecated but present in Python 3.11: the loop of the tiny SMTP server (smtpd) below
-import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -25,6 +23,7 @@ import pytest
 from tests.support.accounts import V1
 from tests.support.exports import assert_same_rows, read_back
 from tests.support.harness import Harness, feed_line, tick_line
+from tests.support.mailbox import Mailbox
 from traffic.accounting.alerts import alert_id
 from traffic.app import cli
 from traffic.app.runs import replay
@@ -299,33 +298,10 @@ def test_the_report_lists_the_alerts_escaped(run, spark, tmp_path):
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
-class _Mailbox:
-    """A tiny SMTP server on 127.0.0.1 (the standard library's, deprecated but present in 3.11)."""
-
-    def __init__(self):
-        import smtpd as stdlib_smtpd
-
-        mailbox = self
-        self.messages: list[tuple[str, list[str], str]] = []
-
-        class Server(stdlib_smtpd.SMTPServer):
-            def process_message(self, peer, mailfrom, rcpttos, data, **kwargs):
-                mailbox.messages.append((mailfrom, rcpttos, data.decode() if isinstance(data, bytes) else data))
-
-        self.server = Server(("127.0.0.1", 0), None)
-        self.port = self.server.socket.getsockname()[1]
-        self.thread = threading.Thread(target=asyncore.loop, kwargs={"timeout": 0.1}, daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.server.close()
-        self.thread.join(timeout=5)
-
-
 def test_the_notifier_mails_each_alert_once_across_two_calls(run, tmp_path, monkeypatch):
     harness, _ = run
     shutil.copytree(harness.root, tmp_path / "copy")
-    mailbox = _Mailbox()
+    mailbox = Mailbox()
     try:
         monkeypatch.setenv("AIRFLOW_CONN_TRAFFIC_SMTP", json.dumps({
             "conn_type": "smtp", "host": "127.0.0.1", "port": mailbox.port,

@@ -7,18 +7,18 @@ refused with one line (exit 2 from the CLI), and never costs anything else.
 
 from __future__ import annotations
 
-import asyncore
 import json
 import os
 import stat
 import subprocess
 import sys
-import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+
+from tests.support.mailbox import Mailbox
 
 REPO = Path(__file__).resolve().parents[2]
 TRAFFIC = REPO / ".venv" / "bin" / "traffic"
@@ -59,29 +59,6 @@ def test_an_account_name_with_a_newline_is_refused_when_the_accounts_file_loads(
     _one_error_line(result, "accounts_file", str(accounts), "'evil\\nname'", "control character")
 
 
-class _Mailbox:
-    """A tiny SMTP server on 127.0.0.1 (the standard library's, deprecated but present in 3.11)."""
-
-    def __init__(self):
-        import smtpd as stdlib_smtpd
-
-        mailbox = self
-        self.messages: list[str] = []
-
-        class Server(stdlib_smtpd.SMTPServer):
-            def process_message(self, peer, mailfrom, rcpttos, data, **kwargs):
-                mailbox.messages.append(data.decode() if isinstance(data, bytes) else data)
-
-        self.server = Server(("127.0.0.1", 0), None)
-        self.port = self.server.socket.getsockname()[1]
-        self.thread = threading.Thread(target=asyncore.loop, kwargs={"timeout": 0.1}, daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.server.close()
-        self.thread.join(timeout=5)
-
-
 def _alert(account: str, alert_id: str) -> dict:
     return {"kind": "quota", "account": account, "period": "2026-10", "observed": 120_000, "quota_bytes": 100_000,
             "hour": datetime(2026, 10, 5, 7, tzinfo=UTC), "mapping_version": "v1@0123456789", "alert_id": alert_id}
@@ -89,7 +66,7 @@ def _alert(account: str, alert_id: str) -> dict:
 
 @pytest.fixture
 def smtp(monkeypatch):
-    mailbox = _Mailbox()
+    mailbox = Mailbox()
     monkeypatch.setenv("AIRFLOW_CONN_TRAFFIC_SMTP", json.dumps({
         "conn_type": "smtp", "host": "127.0.0.1", "port": mailbox.port,
         "extra": {"disable_ssl": True, "disable_tls": True, "from_email": "traffic@example.org"}}))
@@ -107,10 +84,10 @@ def test_an_alert_of_an_account_with_a_newline_does_not_stop_the_next_mail(smtp)
                              ("noc@example.org",), on_sent=sent.append)
     notifier({})
     assert sent == ["a1", "a2"] and notifier.failed == []
-    subjects = [data.split("Subject: ", 1)[1].splitlines()[0] for data in smtp.messages]
+    subjects = [data.split("Subject: ", 1)[1].splitlines()[0] for data in smtp.texts]
     assert subjects == ["[traffic] quota alert: evil\\nBcc: x@example.org (2026-10)",
                         "[traffic] quota alert: acme (2026-10)"]
-    assert all("Bcc:" not in data.split("Subject: ", 1)[0] for data in smtp.messages)
+    assert all("Bcc:" not in data.split("Subject: ", 1)[0] for data in smtp.texts)
 
 
 def test_one_failed_mail_is_logged_counted_and_the_next_is_still_sent(smtp, monkeypatch):
@@ -133,7 +110,7 @@ def test_one_failed_mail_is_logged_counted_and_the_next_is_still_sent(smtp, monk
         notifier({})
     assert sent == ["a2", "a3"]  # the failed one is not recorded: the next run sends it again
     assert [alert_id for alert_id, _ in notifier.failed] == ["a1"]
-    assert len(smtp.messages) == 2
+    assert len(smtp.texts) == 2
 
 
 # -- (b) bill page names stay within the file system's limit -----------------------------------
