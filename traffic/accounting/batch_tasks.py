@@ -13,8 +13,11 @@ the driver runs again only the chunks that hold a record older than the bound (r
 batch spanning more than ``max_history``).
 
 The task's sums are overflow-checked (``parts.group_sums``): records are bounded one by one when
-they are read (``io.telemetry``: weights that would pass 63 bits are rejects), and a sum of many
-that would still pass 2**63 − 1 stops the batch with one line (``SumOverflow``), never wraps.
+they are read (``io.telemetry``: weights that would pass 63 bits are rejects), and the packets of a
+group whose sum would still pass 2**63 − 1 (a source's pane, a pair's hour: what the task sums)
+are rejects with that reason, before anything is summed (``reject_sums_past_int64``): the rest of
+the chunk counts, and the file does not stop every later batch. (The driver's sums across tasks
+and with the open rows of earlier batches still stop the batch with one line, ``SumOverflow``.)
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ import pyarrow.compute as pc
 
 from traffic.accounting.panes import Mapping, account_parts
 from traffic.accounting.parts import (SUMMARY, REJECT_ROWS, TELEMETRY_STATE, _PARTS, file_part, floor_to, group_sums, hourly_parts,
-                                      save_part, weights)
+                                      rows_of_groups_past_int64, save_part, weights)
 from traffic.core.periods import late_mask, micros
-from traffic.core.records import MAX_REASON_CHARS, PACKET, PARSED_SCHEMA
+from traffic.core.records import MAX_REASON_CHARS, PACKET, PARSED_SCHEMA, REJECT as REJECT_KIND
 from traffic.storage.delta import write_staged
 from traffic.io.files import PieceChanged, read_piece
 from traffic.io.readers import CAPTURE, CSV_HEADER, FLOWS, parse_bytes, unreadable_chunk
@@ -164,6 +167,63 @@ def _reject_rows(parsed: pa.Table, code: np.ndarray, rules: Rules) -> pa.Table:
                      "reason": reason, "ts": rows.column("ts")}, schema=REJECT_ROWS)
 
 
+#: What the task sums its packets by (``split_by_fate``'s summary, ``hourly_parts``; an account's pane
+#: is part of its source's), each with the words a reject names it by.
+#: The pair first: its records are the ones to blame; a source's pane is checked without them.
+_SUMMED_BY = ((("hour", "local_ip", "remote_ip"), "the pair's total for the hour"),
+              (("source", "pane"), "the source's total for the pane"))
+
+
+def reject_sums_past_int64(parsed: pa.Table) -> pa.Table:
+    """``parsed`` with the packets of every group whose sum the task could not hold made rejects.
+
+    DESIGN §7a: all sums are overflow-checked, and one bad record costs at most itself. A record
+    is bounded when read (its weighted bytes fit 63 bits), but two records of 2**62 bytes for the
+    same pair and hour do not add up in 64 bits. Such a group's packets become rejects ("the
+    pair's total for the hour would pass 2**63 − 1 bytes"), each keeping its record as text; the
+    other rows of the chunk count as before, so the file is counted, not retried for ever.
+    """
+    is_packet = pc.fill_null(pc.equal(parsed.column("kind"), PACKET), False)
+    if parsed.num_rows < 2 or not pc.any(is_packet).as_py():
+        return parsed
+    ts = parsed.column("ts")
+    amounts = pa.table({"source": parsed.column("source"), "pane": floor_to(ts, _PANE_US),
+                        "hour": floor_to(ts, _HOUR_US), "local_ip": parsed.column("local_ip"),
+                        "remote_ip": parsed.column("remote_ip"),
+                        "bytes": pc.if_else(is_packet, pc.fill_null(parsed.column("bytes"), 0), 0),
+                        "packets": pc.if_else(is_packet, weights(parsed), 0)})
+    reason = pa.nulls(parsed.num_rows, pa.string())
+    bad = np.zeros(parsed.num_rows, dtype=bool)
+    for keys, words in _SUMMED_BY:
+        for unit in ("bytes", "packets"):
+            past = rows_of_groups_past_int64(amounts, list(keys), [unit]) & ~bad
+            if past.any():
+                reason = pc.if_else(pa.array(past), pa.scalar(f"{words} would pass 2**63 − 1 {unit}: a 64-bit "
+                                                              "sum cannot hold it, so this record is not counted"),
+                                    reason)
+                bad |= past
+                for column in ("bytes", "packets"):  # (the rows rejected add nothing to the next check)
+                    amounts = amounts.set_column(amounts.schema.get_field_index(column), column,
+                                                 pc.if_else(pa.array(bad), 0, amounts.column(column)))
+    bad &= is_packet.to_numpy(zero_copy_only=False)
+    if not bad.any():
+        return parsed
+    mask = pa.array(bad)
+    as_text = [parsed.column(c).cast(pa.string()) for c in ("source", "local_ip", "remote_ip", "local_port",
+                                                             "remote_port", "protocol", "bytes", "packets")]
+    record = pc.coalesce(parsed.column("record"), pc.binary_join_element_wise(
+        pc.strftime(ts, format="%Y-%m-%dT%H:%M:%SZ"), *as_text, ",", null_handling="skip"))
+    changes = {"kind": pc.if_else(mask, REJECT_KIND, parsed.column("kind")),
+               "reason": pc.if_else(mask, reason, parsed.column("reason")),
+               "record": pc.if_else(mask, record, parsed.column("record")),
+               # (a reject adds nothing: its amounts would overflow the reject summary's sum the same way)
+               "bytes": pc.if_else(mask, pa.scalar(None, pa.int64()), parsed.column("bytes")),
+               "packets": pc.if_else(mask, pa.scalar(None, pa.int64()), parsed.column("packets"))}
+    for name, column in changes.items():
+        parsed = parsed.set_column(parsed.schema.get_field_index(name), name, column)
+    return parsed
+
+
 def run_chunk(row: dict, rules: Rules, settings) -> dict:
     """Parse, judge and write one chunk; returns its outcome row.
 
@@ -204,6 +264,7 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
     except Exception as error:  # noqa: BLE001 - a reader's failure on hostile bytes must not stop the batch
         parsed = unreadable_chunk(row, error)
     data = files = None
+    parsed = reject_sums_past_int64(parsed)
     code = fates(parsed, rules)
     parts = split_by_fate(parsed, rules, code)
     packets = parts["packets"].append_column("batch_id", pa.repeat(pa.scalar(rules.batch_id, pa.int64()),

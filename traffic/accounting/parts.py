@@ -86,6 +86,29 @@ def group_sums(table: pa.Table, keys: list[str], outputs: dict[str, tuple], sche
     return grouped.select(schema.names).cast(schema) if schema is not None else grouped
 
 
+def rows_of_groups_past_int64(table: pa.Table, keys: list[str], columns: list[str]) -> np.ndarray:
+    """Which rows belong to a group (by ``keys``) whose sum of one of ``columns`` would pass 2**63 − 1:
+    what ``group_sums`` would refuse to sum. A boolean mask; all False (cheaply) when no sum can."""
+    risky = [column for column in columns if _may_overflow(table, column)]
+    if not risky:
+        return np.zeros(table.num_rows, dtype=bool)
+    exact = _as_decimals(table.select([*keys, *risky]), risky)
+    grouped = exact.group_by(keys, use_threads=False).aggregate([(column, "sum") for column in risky])
+    over = None
+    for column in risky:
+        sums = grouped.column(f"{column}_sum")
+        past = pc.greater(sums, pa.scalar(_INT64_MAX, sums.type))
+        over = past if over is None else pc.or_(over, past)
+    bad = grouped.filter(over).select(keys)
+    if bad.num_rows == 0:
+        return np.zeros(table.num_rows, dtype=bool)
+    numbered = table.select(keys).append_column("_row", pa.array(np.arange(table.num_rows), pa.int64()))
+    rows = numbered.join(bad, keys, join_type="left semi").column("_row").to_numpy()
+    mask = np.zeros(table.num_rows, dtype=bool)
+    mask[rows] = True
+    return mask
+
+
 def _may_overflow(table: pa.Table, column: str) -> bool:
     """Whether some group's sum of an integer column could pass 64 bits: only when the largest
     magnitude times the number of rows could (one pass; almost never true for real traffic)."""
