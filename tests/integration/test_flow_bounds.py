@@ -9,8 +9,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pyarrow as pa
+import pytest
+
 from tests.support import flow_encoder as fe
 from tests.support.harness import Harness
+from traffic.accounting.bills import account_series, final_panes
+from traffic.accounting.panes import Mapping, pane_totals
+from traffic.accounting.parts import SumOverflow
+from traffic.core.billing import BillingPeriod
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 1, 10, tzinfo=UTC)
@@ -73,3 +80,43 @@ def test_a_pair_whose_hourly_sum_would_pass_63_bits_costs_only_its_records(spark
     _deliver(harness, [_record(later - timedelta(minutes=1), later, 700, 2)], later, name="b.flows.pcap")
     second = harness.ingest()
     assert (second.packets_on_time, second.bytes_on_time, second.records_rejected) == (2, 700, 0)
+
+
+def test_bill_sums_that_would_pass_63_bits_fail_with_one_line_never_wrap():
+    """Two final panes of 2**62 bytes for one account and pane (two sources): Arrow's sum wrapped them to
+    −9.2 EB, a negative bill. Now the bill stops with one line (``SumOverflow``); nothing wraps."""
+    start = datetime(2026, 11, 1, tzinfo=UTC)
+    period = BillingPeriod("2026-11", start, start + timedelta(hours=1))
+    rows = pa.table({"pane_start": pa.array([start, start], pa.timestamp("us", tz="UTC")),
+                     "source": ["edge", "core"], "account": ["acme"] * 2, "direction": ["in"] * 2,
+                     "mapping_version": ["v1"] * 2, "bytes": pa.array([2**62, 2**62], pa.int64())})
+    with pytest.raises(SumOverflow, match=r"^the sum of bytes for pane_start 2026-11-01 00:00:00\+00:00, account acme"):
+        final_panes(None, period, rows)
+    with pytest.raises(SumOverflow, match=r"^the sum of bytes for account acme, direction in, index 0 is "
+                                          r"9223372036854775808, past 2\*\*63 − 1"):
+        account_series(rows.drop_columns(["source", "mapping_version"]), period)
+    # Sums that fit are what they were.
+    fits = rows.set_column(rows.schema.get_field_index("bytes"), "bytes", pa.array([2**61, 2**61], pa.int64()))
+    assert final_panes(None, period, fits).column("bytes").to_pylist() == [2**62]
+
+
+def test_spark_sums_of_panes_raise_on_overflow_because_ansi_is_on(spark):
+    """The freeze sums packets into panes with Spark (``panes.pane_totals``). Spark's sum of longs
+    wraps unless ANSI mode is on: the session the project builds (``runtime.spark.build_spark``,
+    Spark 4's default, not overridden) has it on, so an overflowing pane fails the job loudly."""
+    from pyspark.errors import ArithmeticException
+
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"
+    at = datetime(2026, 11, 1, 10, tzinfo=UTC)
+    packets = spark.createDataFrame([(at, "edge", "10.1.0.5", "out", 2**62, 1), (at, "edge", "10.1.0.5", "out", 2**62, 1)],
+                                    "ts timestamp, source string, local_ip string, direction string, bytes long, "
+                                    "packets long")
+    with pytest.raises(ArithmeticException, match="ARITHMETIC_OVERFLOW"):
+        pane_totals(packets, Mapping(), "final").collect()
+    # The evidence that ANSI is what does it: without it, the same sum wraps to −9.2 EB.
+    spark.conf.set("spark.sql.ansi.enabled", "false")
+    try:
+        (row,) = pane_totals(packets, Mapping(), "final").collect()
+        assert row["bytes"] == -(2**63)
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", "true")

@@ -9,7 +9,10 @@ that, ``traffic bill`` reports the bill from the final panes so far, marked prov
 stores nothing.
 
 Bills are computed on the driver from Arrow reads (a month of panes is small), so neither
-``traffic bill`` nor the bill step needs Spark.
+``traffic bill`` nor the bill step needs Spark. Every sum goes through ``parts.group_sums``
+(DESIGN §7a: all sums are overflow-checked): Arrow's own sum wraps silently, so a total that
+would pass 2**63 − 1 stops the bill with one line (``SumOverflow``) instead of billing a wrapped,
+negative number.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from traffic.core.billing import (
 from traffic.core.periods import PANE, PUBLISHED, hour_ceil, hour_floor, hours_between, month_start, next_month
 from traffic.storage.delta import Warehouse
 from traffic.accounting.panes import account_map
+from traffic.accounting.parts import group_sums
 from traffic.core.alerts import overage_bps
 from traffic.core.billing import percentile_rank
 
@@ -109,9 +113,7 @@ def final_panes(warehouse: Warehouse, period: BillingPeriod, rows: pa.Table | No
     start, end = pa.scalar(period.start_utc, stamp), pa.scalar(period.end_utc, stamp)
     when = rows.column("pane_start")
     rows = rows.filter(pc.and_(pc.greater_equal(when, start), pc.less(when, end)))
-    return rows.group_by(["pane_start", "account", "direction", "mapping_version"], use_threads=False) \
-        .aggregate([("bytes", "sum")]).rename_columns(["pane_start", "account", "direction", "mapping_version",
-                                                       "bytes"])
+    return group_sums(rows, ["pane_start", "account", "direction", "mapping_version"], {"bytes": ("bytes", "sum")})
 
 
 def account_series(panes: pa.Table, period: BillingPeriod) -> dict[str | None, dict[str | None, dict[int, int]]]:
@@ -137,12 +139,12 @@ def account_series(panes: pa.Table, period: BillingPeriod) -> dict[str | None, d
         for row in st.rows(panes.select(["pane_start", "account", "direction", "bytes"])):
             rows.setdefault(row["account"], []).append((row["pane_start"], row["direction"], row["bytes"]))
         return {account: pane_series(items, period) for account, items in rows.items()}  # raises, naming the row
-    sums = pa.table({"account": panes.column("account"), "direction": panes.column("direction"),
-                     "index": pa.array(offset // pane_us), "bytes": panes.column("bytes")}) \
-        .group_by(["account", "direction", "index"], use_threads=False).aggregate([("bytes", "sum")])
+    sums = group_sums(pa.table({"account": panes.column("account"), "direction": panes.column("direction"),
+                                "index": pa.array(offset // pane_us), "bytes": panes.column("bytes")}),
+                      ["account", "direction", "index"], {"bytes": ("bytes", "sum")})
     series: dict[str | None, dict[str | None, dict[int, int]]] = {}
     for account, direction, index, nbytes in zip(*(sums.column(c).to_pylist()
-                                                   for c in ("account", "direction", "index", "bytes_sum"))):
+                                                   for c in ("account", "direction", "index", "bytes"))):
         series.setdefault(account, {d: {} for d in DIRECTIONS})[direction][index] = nbytes
     return series
 
@@ -338,7 +340,7 @@ def account_totals(warehouse: Warehouse, grain: str, start: datetime | None = No
         table = table.filter(pc.greater_equal(table.column(grain), pa.scalar(start, pa.timestamp("us", tz="UTC"))))
     if end is not None:
         table = table.filter(pc.less(table.column(grain), pa.scalar(end, pa.timestamp("us", tz="UTC"))))
-    totals = table.group_by([grain, "account", "direction"], use_threads=False).aggregate(
-        [("bytes", "sum"), ("packets", "sum")]).rename_columns([grain, "account", "direction", "bytes", "packets"])
+    totals = group_sums(table, [grain, "account", "direction"], {"bytes": ("bytes", "sum"),
+                                                                 "packets": ("packets", "sum")})
     date_column = pc.cast(totals.column(grain), pa.date32())
     return totals.set_column(0, grain, date_column).sort_by([(grain, "ascending"), ("account", "ascending")])

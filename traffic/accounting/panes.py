@@ -95,7 +95,12 @@ def _attribute(mapping: Mapping):
 
 
 def pane_totals(packets: DataFrame, mapping: Mapping, status: str) -> DataFrame:
-    """Per (pane, source, account, direction) totals of ``packets``, with ``status``."""
+    """Per (pane, source, account, direction) totals of ``packets``, with ``status``.
+
+    The sums are overflow-checked (DESIGN §7a) by Spark itself: the session runs with
+    ``spark.sql.ansi.enabled`` on (Spark 4's default, which ``runtime.spark`` keeps), where a sum of
+    longs past 2**63 − 1 fails the job with ARITHMETIC_OVERFLOW instead of wrapping
+    (``tests/integration/test_flow_bounds.py`` shows both)."""
 
     per_address = packets.groupBy(pane_start().alias("pane_start"), "source", "local_ip", "direction").agg(
         F.sum("bytes").cast("long").alias("bytes"), F.sum(weight()).cast("long").alias("packets"))
