@@ -59,7 +59,8 @@ def test_netflow5_records_times_sampling_and_sequence():
     out = _decode(payload)
     assert out.flows.to_pylist() == [_row(f, "netflow5", domain=0x102, rate=512) for f in (A, B, ICMP)]
     assert out.sequences.to_pylist() == [{"receive_ts": _ts(T), "exporter": "192.0.2.250", "format": "netflow5",
-                                          "domain": 0x102, "sequence": 41, "units": 3, "export_ts": _ts(T)}]
+                                          "domain": 0x102, "sequence": 41, "units": 3, "export_ts": _ts(T),
+                                          "uptime_ms": 3_600_000}]
     assert out.rejects.num_rows == 0 and out.skipped == {}
 
 
@@ -273,7 +274,8 @@ def test_sflow_samples_vlans_counters_and_skips():
     assert out.skipped == {"sflow counter sample": 2, "sflow flow record format 1001": 1,
                            "sflow sampled frame that is not IP": 1}
     assert out.sequences.to_pylist() == [{"receive_ts": _ts(T), "exporter": "192.0.2.250", "format": "sflow5",
-                                          "domain": 4, "sequence": 77, "units": 1, "export_ts": None}]
+                                          "domain": 4, "sequence": 77, "units": 1, "export_ts": None,
+                                          "uptime_ms": 0}]
 
 
 def test_sflow_lying_lengths_are_rejects():

@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 #: Session settings a Spark Connect client sets on its server-side session (the server owns the rest).
 CONNECT_SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",
+    # Sums raise on 64-bit overflow instead of wrapping (Spark 4's default, said so that no server default can undo it).
+    "spark.sql.ansi.enabled": "true",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "200000",

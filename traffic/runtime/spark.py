@@ -69,6 +69,7 @@ def build_spark(settings: Settings, app_name: str):
     builder = (
         builder
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.ansi.enabled", "true")  # a sum that passes 63 bits raises, never wraps (DESIGN 7a)
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
