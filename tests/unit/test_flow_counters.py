@@ -321,3 +321,16 @@ def test_netflow5_record_with_bytes_and_no_packets_is_a_reject():
     out = _batch(fe.netflow5(flows, export_us=T, uptime_ms=3_600_000))
     assert Counter(out.flows.column("src_ip").to_pylist()) == Counter({"10.0.0.2": 1})
     assert out.rejects.column("reason").to_pylist() == ["record says 1500 bytes in 0 packets"]
+
+
+@needs_corpus
+@needs_tshark
+def test_nat_event_records_without_counters_are_skipped_not_rejected(tmp_path):
+    """NAT event logging (natEvent 230) tells of sessions made and ended, not traffic: skipped and counted, no reject."""
+    path = _concatenated(["akvorado_nf_nat.pcap"], tmp_path / "nat.pcap")
+    theirs = _tshark_records(path, "cflow", 2055)
+    events = [r for r in theirs if "cflow.nat_event" in r]
+    assert len(events) == 9 and not any("cflow.octets" in r or "cflow.packets" in r for r in events), theirs
+    out = _decode(path)
+    assert (out.flows.num_rows, out.rejects.num_rows) == (0, 0), out.rejects.column("reason").to_pylist()
+    assert out.skipped == {"NAT event without counters": len(events)}

@@ -72,7 +72,8 @@ Decisions, for an operator:
   ``NSEL_MAX_AGE_US`` (a day) older than the newest update. A record without a connection
   id, a teardown of a connection nothing remembers (its updates were never sent, or forgotten), and
   other events count what they say. Create and deny records without counters are no traffic: counted
-  in ``skipped``, not rejected.
+  in ``skipped``, not rejected; so are NAT event records (natEvent 230: a NAT session made or ended)
+  without counters.
 * Addresses: fields 8/12 (IPv4), else 27/28 (IPv6); a template with both uses IPv6 for a record
   whose IPv4 pair is 0.0.0.0. IPv4-mapped IPv6 is stored as IPv4. A record without a source and a
   destination address is a reject. Ports only for TCP, UDP and SCTP (6, 17, 132); no protocol
@@ -450,11 +451,13 @@ _BACKWARD = ((_REVERSE | 1, _REVERSE | 85, 232), (_REVERSE | 2, _REVERSE | 86, 2
 #: NSEL: NF_F_CONN_ID (148, flowId) and NF_F_FW_EVENT (233; 40005 on ASAs before 8.4, NetFlow v9 only).
 _CONN_ID, _EVENTS = 148, (233, 40005)
 _CREATE, _TEARDOWN, _UPDATE = 1, 2, 5
+#: natEvent (230): a NAT session's creation or deletion, logged by routers doing NAT (no traffic counted in it).
+_NAT_EVENT = 230
 #: observationTimeMilliseconds: a record's end when it has no end field (NSEL events carry it).
 _OBSERVED = 323
 _WANTED = {
     **{ie: range(1, 9) for ie in _COUNTERS + tuple(_REVERSE | c for c in _COUNTERS) + (231, 232, 298, 299)},
-    _CONN_ID: range(1, 9), 233: (1,), 40005: (1,), _OBSERVED: (8,),
+    _CONN_ID: range(1, 9), 233: (1,), 40005: (1,), _NAT_EVENT: (1,), _OBSERVED: (8,),
     4: (1,), 7: (1, 2), 11: (1, 2), 8: (4,), 12: (4,), 27: (16,), 28: (16,),
     21: (4,), 22: (4,), 150: (4,), 151: (4,), 152: (8,), 153: (8,), 154: (8,), 155: (8,),
     156: (8,), 157: (8,), 158: (4,), 159: (4,), 160: (8,),
@@ -464,7 +467,7 @@ _NAMES = {1: "bytes", 2: "packets", 85: "octetTotalCount", 86: "packetTotalCount
           _REVERSE | 1: "reverse bytes", _REVERSE | 2: "reverse packets", _REVERSE | 85: "reverseOctetTotalCount",
           _REVERSE | 86: "reversePacketTotalCount", 231: "initiator octets", 232: "responder octets",
           298: "initiator packets", 299: "responder packets", 148: "connection id", 233: "firewall event",
-          40005: "firewall event", _OBSERVED: "observationTimeMilliseconds",
+          40005: "firewall event", _NAT_EVENT: "NAT event", _OBSERVED: "observationTimeMilliseconds",
           7: "source port", 11: "destination port", 8: "IPv4 source", 12: "IPv4 destination",
           27: "IPv6 source", 28: "IPv6 destination", 21: "end uptime", 22: "start uptime",
           150: "flowStartSeconds", 151: "flowEndSeconds", 152: "flowStartMilliseconds",
@@ -1098,6 +1101,9 @@ class _Decoder:
         if directions == [None, None]:
             if event is not None and not layout.problem:  # an NSEL create or deny: no traffic in it
                 self.skipped["firewall event without counters (NSEL create or deny)"] += n
+                return
+            if _NAT_EVENT in value and not layout.problem:  # NAT event logging: a session made or ended, no traffic
+                self.skipped["NAT event without counters"] += n
                 return
             problem[problem == 0] = _P_NO_COUNT
             directions[0] = (np.zeros(n, np.int64), np.zeros(n, np.int64), np.ones(n, bool), np.zeros(n, bool))
