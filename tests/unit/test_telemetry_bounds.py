@@ -86,9 +86,12 @@ def test_bytes_times_rate_that_would_wrap_is_one_reject():
 
 
 def test_the_largest_weighted_value_that_fits_is_counted():
-    rules = TelemetryRules(local_networks=RULES.local_networks, sampling_rate=2)
-    out = _read(_file([_record(T0 - 60 * US, T0, size=(2**63 - 1) // 2, packets=2**52)]), rules)
-    assert _kinds(out.parsed, "packet").column("bytes").to_pylist() == [2**63 - 2]
+    """Where a link could carry it (600 days at 1.6 Tb/s is 1.04 × 10**19 bytes, with a max_flow_duration of
+    10 years), the largest value × rate that fits 63 bits counts, exactly, over its pane shares."""
+    days = 86_400 * US
+    rules = TelemetryRules(local_networks=RULES.local_networks, sampling_rate=2, max_flow_duration_us=3650 * days)
+    out = _read(_file([_record(T0 - 600 * days, T0, size=(2**63 - 1) // 2, packets=2**52)]), rules)
+    assert pc.sum(_kinds(out.parsed, "packet").column("bytes")).as_py() == 2**63 - 2
 
 
 def test_a_rate_above_2_31_is_one_reject_not_a_failed_read():
@@ -137,3 +140,52 @@ def test_sums_of_parts_are_checked_never_wrapped():
     over = pa.table({"k": ["a", "a", "b"], "v": pa.array([2**62, 2**62, 1], pa.int64())})
     with pytest.raises(SumOverflow, match=r"^the sum of v for k a is 9223372036854775808, past 2\*\*63 − 1"):
         group_sums(over, ["k"], {"v": ("v", "sum")})
+
+
+def test_more_than_the_fastest_link_carries_is_one_reject_and_the_bound_itself_counts():
+    """Before: 10**15 bytes in 1 s passed (it fits 63 bits) and its sums with other such records stopped
+    the batch's commit. §7a: no record carries more than ``max_flow_bps`` (1.6 Tb/s, 1.6TbE) over
+    the longer of its duration and one 5-minute pane: 2 * 10**11 bytes a second, 6 * 10**13 in a pane."""
+    pane_bytes = 1_600_000_000_000 * 300 // 8
+    out = _read(_file([_record(T0 - US, T0, size=10**15, packets=10**12),
+                       _record(T0 - US, T0, size=pane_bytes, packets=10**9),
+                       _record(T0 - US, T0, size=pane_bytes + 1, packets=10**9),
+                       _record(T0 - 600 * US, T0, size=2 * pane_bytes, packets=10**9)]))
+    reasons = _kinds(out.parsed, "reject").column("reason").to_pylist()
+    assert reasons == ["1,000,000,000,000,000 bytes in 1 s is more than max_flow_bps (1.6 Tb/s, the fastest "
+                       "link) carries in 300 s",
+                       "60,000,000,000,001 bytes in 1 s is more than max_flow_bps (1.6 Tb/s, the fastest "
+                       "link) carries in 300 s"], reasons
+    kept = _kinds(out.parsed, "packet")
+    assert pc.sum(kept.column("bytes")).as_py() == 3 * pane_bytes  # the bound itself counts (and twice it in 600 s)
+
+
+def test_more_packets_than_minimum_frames_at_the_fastest_link_is_one_reject():
+    """Packets: at most ``max_flow_bps`` / (84 bytes × 8) a second (minimum Ethernet frames with
+    preamble and gap): 1.6 Tb/s is 2,380,952,380 a second, 714,285,714,285 in a pane. The weighted
+    count (× sampling rate) is what is bounded, and the setting moves the bound."""
+    pane_packets = 1_600_000_000_000 * 300 // (84 * 8)
+    rules = TelemetryRules(local_networks=RULES.local_networks, sampling_rate=1000)
+    out = _read(_file([_record(T0 - US, T0, size=pane_packets * 64 // 1000, packets=pane_packets // 1000),
+                       _record(T0 - US, T0, size=10**9, packets=pane_packets // 1000 + 1)]), rules)
+    assert _kinds(out.parsed, "reject").column("reason").to_pylist() == [
+        "714,285,715,000 packets in 1 s is more than max_flow_bps (1.6 Tb/s, the fastest link) carries in 300 s "
+        "(at 84 bytes a packet)"]
+    assert _kinds(out.parsed, "packet").column("packets").to_pylist() == [pane_packets // 1000 * 1000]
+    slow = TelemetryRules(local_networks=RULES.local_networks, max_flow_bps=10_000_000_000)
+    out = _read(_file([_record(T0 - US, T0, size=375_000_000_001, packets=10**9)]), slow)
+    assert _kinds(out.parsed, "reject").column("reason").to_pylist() == [
+        "375,000,000,001 bytes in 1 s is more than max_flow_bps (10 Gb/s) carries in 300 s"]
+
+
+def test_max_flow_bps_is_a_setting_in_bits_per_second_within_its_range():
+    import pytest
+
+    from traffic.core.settings import SettingsError, build_settings
+
+    assert build_settings({}).max_flow_bps == 1_600_000_000_000
+    assert [build_settings({"max_flow_bps": v}).max_flow_bps for v in ("400G", "1.6T", "100 Mb/s", 10**9)] == \
+        [400 * 10**9, 1_600_000_000_000, 10**8, 10**9]
+    for bad in ("2P", "999k", "fast", True):
+        with pytest.raises(SettingsError, match=r"^max_flow_bps: "):
+            build_settings({"max_flow_bps": bad})

@@ -6,7 +6,8 @@ Every value is checked when settings are built, ranges included, so a job never 
 (``max_history = 99999999d`` used to pass and then overflow mid-ingest). The largest values taken:
 every duration (``max_history``, ``allowed_lateness``, ``max_future_skew``, the retentions, ...)
 100 years (``MAX_DURATION``); ``keep_hours`` 876,600 (the same 100 years); ``shuffle_partitions``
-100,000; ``split_bytes`` 1 TiB; ``compact_min_files`` 1,000,000; ``now`` in the years 1970–9898.
+100,000; ``split_bytes`` 1 TiB; ``compact_min_files`` 1,000,000; ``max_flow_bps`` 1 Mb/s to 1 Pb/s;
+``now`` in the years 1970–9898.
 """
 
 from __future__ import annotations
@@ -198,6 +199,12 @@ class Settings:
     # Routers cut long flows at their active timeout (at most 30-60 minutes); softflowd's default
     # maximum flow life is 7 days, the longest of any exporter we know; 8 days leaves a day's margin.
     max_flow_duration: timedelta = timedelta(days=8)
+    # The fastest link a flow record may claim, in bits per second (§7a "Bounds"): a record's bytes × rate
+    # above what it carries in the longer of the record's duration and 5 minutes, or its packets × rate
+    # above that many minimum frames (84 bytes on the wire), is one reject. Default 1.6 Tb/s (1.6TbE, the
+    # fastest Ethernet standard): a real exporter never trips it, and it keeps every sum far from 64 bits.
+    # Takes ``1600000000000`` or ``1.6T``, ``400G``, ``100M`` (SI, bits); 1 Mb/s to 1 Pb/s.
+    max_flow_bps: int = 1_600_000_000_000
     now: datetime | None = None
     fault_at: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -260,6 +267,7 @@ _PARSERS = {
     "source_lateness": lambda n, v: _parse_per_source(n, v, parse_duration),
     "template_wait": parse_duration,
     "max_flow_duration": parse_duration,
+    "max_flow_bps": lambda n, v: _parse_bps(n, v),
     "now": lambda n, v: _parse_now(n, v),
     "fault_at": lambda n, v: None if v in (None, "") else str(v),
     "extra": lambda n, v: dict(v),
@@ -273,6 +281,24 @@ MAX_KEEP_HOURS = MAX_DURATION.days * 24
 MAX_PARTITIONS = 100_000
 MAX_SPLIT_BYTES = 2**40
 MAX_COMPACT_MIN_FILES = 1_000_000
+
+
+_BPS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKMGTP]?)\s*(?:b/s|bps)?\s*$")
+_SI = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+FLOW_BPS_RANGE = (10**6, 10**15)  # 1 Mb/s to 1 Pb/s
+
+
+def _parse_bps(name: str, value: Any) -> int:
+    """Bits per second: a whole number, or with an SI prefix (``1.6T``, ``400G``); 1 Mb/s to 1 Pb/s."""
+    match = _BPS.match(str(value)) if not isinstance(value, bool) else None
+    if not match:
+        raise SettingsError(f"{name}: {value!r} is not a rate in bits per second (e.g. 1600000000000, 1.6T, 400G)")
+    number, prefix = match.groups()
+    whole, _, fraction = number.partition(".")
+    bps = (int(whole + fraction) * _SI[prefix]) // 10 ** len(fraction)
+    if not FLOW_BPS_RANGE[0] <= bps <= FLOW_BPS_RANGE[1]:
+        raise SettingsError(f"{name}: {value!r} is outside 1 Mb/s to 1 Pb/s (1,000,000 to 10**15 bits per second)")
+    return bps
 
 
 def _parse_now(name: str, value: Any) -> datetime | None:

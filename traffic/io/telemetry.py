@@ -34,8 +34,11 @@ its waiting data for ever.
 
 Bounds (§7a), record by record, before a flow is split: a flow lasting longer than
 ``max_flow_duration`` (default 8 days: one record is at most 2,305 pane shares), bytes or packets
-whose value × sampling rate would pass 2**63 − 1, and a rate above 2**31 − 1 are each one reject
-with the reason; the other records of the datagram count.
+whose value × sampling rate would pass 2**63 − 1, a rate above 2**31 − 1, and bytes or packets
+(× rate) more than a ``max_flow_bps`` link (default 1.6 Tb/s, the fastest Ethernet) carries in the
+longer of the record's duration and 5 minutes are each one reject with the reason; the other records
+of the datagram count. So one record puts at most 6 × 10**13 bytes (< 2**46) into one pane, and a
+64-bit sum can only wrap over ~150,000 full-rate records of a pane (``_out_of_bounds``).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class TelemetryRules:
     sampling_rate: int | None = None  # the source's ``sampling_rates`` setting
     template_wait_us: int = 3_600_000_000
     max_flow_duration_us: int = 8 * 86_400_000_000  # the ``max_flow_duration`` setting
+    max_flow_bps: int = 1_600_000_000_000  # the ``max_flow_bps`` setting (``MAX_FLOW_BPS``)
     # The watermark before the batch (µs; None: none yet): waiting data older than it less
     # ``template_wait`` expires even when its own source sends nothing newer (``expire_waiting_by``).
     watermark_us: int | None = None
@@ -212,7 +216,7 @@ def _rows(flows: pa.Table, source: str, input_file: str, rules: TelemetryRules) 
     end = pc.cast(flows.column("end_ts"), pa.int64()).to_numpy(zero_copy_only=False)
     size = pc.fill_null(flows.column("bytes"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     count = pc.fill_null(flows.column("packets"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    reason = _out_of_bounds(start, end, size, count, rate, rules.max_flow_duration_us)
+    reason = _out_of_bounds(start, end, size, count, rate, rules.max_flow_duration_us, rules.max_flow_bps)
     if reason is not None:
         bad = np.asarray(pc.is_valid(reason).to_numpy(zero_copy_only=False), bool)
         rejects = pa.concat_tables([rejects, _flow_rejects(flows.filter(pa.array(bad)), reason.filter(pa.array(bad)),
@@ -267,10 +271,16 @@ def _rows(flows: pa.Table, source: str, input_file: str, rules: TelemetryRules) 
 MAX_WEIGHTED = (1 << 63) - 1
 #: Largest sampling rate (§7a; raw rows keep it as a 32-bit integer).
 MAX_RATE = (1 << 31) - 1
+#: The ``max_flow_bps`` default: 1.6 Tb/s, the fastest Ethernet standard (1.6TbE, IEEE 802.3dj).
+MAX_FLOW_BPS = 1_600_000_000_000
+#: Bits on the wire of the smallest Ethernet frame: 64 bytes, 8 of preamble, 12 of inter-frame gap.
+MIN_FRAME_BITS = 84 * 8
+_MIN_SPAN_US = _PANE_US  # a record is allowed at least one pane's worth of the link
+_US_PER_S = 1_000_000
 
 
 def _out_of_bounds(start: np.ndarray, end: np.ndarray, size: np.ndarray, count: np.ndarray, rate: np.ndarray,
-                   max_duration_us: int) -> pa.Array | None:
+                   max_duration_us: int, max_bps: int = MAX_FLOW_BPS) -> pa.Array | None:
     """Why each flow is out of §7a's bounds (null: within them), or None when all are within.
 
     A flow longer than ``max_duration_us`` would be split into one share per 5-minute pane it
@@ -279,21 +289,79 @@ def _out_of_bounds(start: np.ndarray, end: np.ndarray, size: np.ndarray, count: 
     value × sampling rate passes 2**63 − 1 would wrap (2**62 × 4 is 0 in 64 bits): the record is
     rejected, never counted wrapped. (Counters are unsigned on the wire, non-negative here.) A rate
     above 2**31 − 1 (what ``sampling_rate`` holds) is rejected too.
+
+    Physical bound (``_faster_than_any_link``): a record's weighted bytes may not exceed what
+    ``max_bps`` (default 1.6 Tb/s: 2 × 10**11 bytes a second) carries in the longer of its duration
+    and one 5-minute pane, nor its weighted packets that link's rate of minimum frames (84 bytes on
+    the wire: 2,380,952,380 a second). Passing 63 bits record by record is not enough: mutated real
+    datagrams claimed 1,500 bytes in 9.1 × 10**18 packets, each record fitting, and their sums across
+    tasks and batches (the ``batches`` row, earlier batches' open rows) wrapped, so the batch never
+    committed and every retry failed the same way. With this bound, and shares in proportion to time
+    (``apportion_to_panes``), one record puts at most 6 × 10**13 bytes (< 2**46) and 7.1 × 10**11
+    packets (< 2**40) into one pane; a record of ``max_flow_duration`` (8 days) at most 1.4 × 10**17
+    bytes (2**57) and 1.6 × 10**15 packets; a pair's month at the link's full rate is 5.4 × 10**17
+    bytes (2**59). So a 64-bit sum wraps only when records add up to more than the link could carry:
+    153,722 full-rate records in one pair's pane (2**63 / 6 × 10**13), or 67 full-rate 8-day records
+    in one batch (bytes; 5,604 for packets). A real exporter cannot; a hostile or broken one that does
+    stops the sum with one line (``SumOverflow``), never a wrapped total. (With ``max_flow_duration``
+    near its largest, 100 years, the 63-bit check above is the binding one.)
     """
     too_long = (end - start) > max_duration_us
     limit = MAX_WEIGHTED // np.maximum(rate, 1)
     bytes_over, packets_over = size > limit, count > limit
     rate_over = rate > MAX_RATE
-    if not (too_long.any() or bytes_over.any() or packets_over.any() or rate_over.any()):
+    fast = _faster_than_any_link(start, end, size, count, rate, max_bps)
+    if not (too_long.any() or bytes_over.any() or packets_over.any() or rate_over.any() or fast):
         return None
     long_text = pa.array([f"the flow lasts {_hours(d)}, longer than max_flow_duration ({_hours(max_duration_us)})"
                           if t else None for d, t in zip((end - start).tolist(), too_long.tolist())], pa.string())
     over_text = pa.array([f"sampling rate {r} is above 2**31 − 1" if o else
                           f"{'bytes' if b else 'packets'} × sampling rate {r} would overflow 63 bits" if (b or p)
-                          else None for b, p, o, r in zip(bytes_over.tolist(), packets_over.tolist(),
-                                                          rate_over.tolist(), rate.tolist())], pa.string())
+                          else fast.get(i) for i, (b, p, o, r) in enumerate(zip(
+                              bytes_over.tolist(), packets_over.tolist(), rate_over.tolist(), rate.tolist()))],
+                         pa.string())
     nothing = pa.nulls(len(start), pa.string())
     return pc.if_else(pa.array(too_long), long_text, pc.if_else(pc.is_valid(over_text), over_text, nothing))
+
+
+def _faster_than_any_link(start: np.ndarray, end: np.ndarray, size: np.ndarray, count: np.ndarray, rate: np.ndarray,
+                          max_bps: int) -> dict[int, str]:
+    """The records (index → reason) whose weighted bytes or packets are more than a ``max_bps`` link
+    carries in max(duration, one pane): bytes × 8 > bps × span, packets × 84 × 8 > bps × span.
+
+    Exact, in Python integers (the products pass 64 bits), for the few records a float estimate
+    puts near or past the bound; every other record is far below it (a real exporter's are).
+    """
+    span = np.maximum(end - start, _MIN_SPAN_US).astype(np.float64)
+    capacity = max_bps * span  # bits (× 10**6: span is in µs)
+    weight = np.maximum(rate, 1).astype(np.float64)
+    near = (size * weight * 8 * _US_PER_S > capacity * 0.999) | \
+        (count * weight * MIN_FRAME_BITS * _US_PER_S > capacity * 0.999)
+    reasons = {}
+    for i in np.flatnonzero(near).tolist():
+        w, duration = max(int(rate[i]), 1), int(end[i]) - int(start[i])
+        bits = max_bps * max(duration, _MIN_SPAN_US)
+        weighted_bytes, weighted_packets = int(size[i]) * w, int(count[i]) * w
+        carried = f"more than max_flow_bps ({_link(max_bps)}) carries in {_seconds(max(duration, _MIN_SPAN_US))}"
+        if weighted_bytes * 8 * _US_PER_S > bits:
+            reasons[i] = f"{weighted_bytes:,} bytes in {_seconds(duration)} is {carried}"
+        elif weighted_packets * MIN_FRAME_BITS * _US_PER_S > bits:
+            reasons[i] = f"{weighted_packets:,} packets in {_seconds(duration)} is {carried} (at 84 bytes a packet)"
+    return reasons
+
+
+def _link(bps: int) -> str:
+    for unit, scale in (("Tb/s", 10**12), ("Gb/s", 10**9), ("Mb/s", 10**6), ("kb/s", 10**3)):
+        if bps >= scale:
+            text = f"{bps / scale:g} {unit}"
+            break
+    else:
+        text = f"{bps} b/s"
+    return f"{text}, the fastest link" if bps == MAX_FLOW_BPS else text
+
+
+def _seconds(us: int) -> str:
+    return f"{us // _US_PER_S:,} s" if us % _US_PER_S == 0 else f"{us / _US_PER_S:,.6f} s".rstrip("0")
 
 
 def _hours(us: int) -> str:
