@@ -189,3 +189,33 @@ def test_max_flow_bps_is_a_setting_in_bits_per_second_within_its_range():
     for bad in ("2P", "999k", "fast", True):
         with pytest.raises(SettingsError, match=r"^max_flow_bps: "):
             build_settings({"max_flow_bps": bad})
+
+
+def test_a_batch_whose_totals_pass_64_bits_stops_with_one_line_naming_the_batch_and_its_largest_source():
+    """Records within the bound can still add up past 2**63 − 1 when a source claims more than its links carry
+    (67 full-rate 8-day records). Before: ``_commit`` raised OverflowError converting the ``batches`` row, after
+    every other write, on every retry. Now one line, before anything is written; totals that fit pass."""
+    import pytest
+
+    from traffic.accounting import batch_tasks as B
+    from traffic.accounting.ingest import _Tally, _totals_fit
+    from traffic.accounting.parts import SumOverflow
+
+    record = 200_000_000_000 * 8 * 86_400  # one 8-day record at 1.6 Tb/s: 1.4 × 10**17 bytes
+    summary = [{"fate": B.ON_TIME, "source": "edge-a", "packets": 10**6, "bytes": 60 * record},
+               {"fate": B.ON_TIME, "source": "edge-b", "packets": 10**6, "bytes": 7 * record},
+               {"fate": B.LATE, "source": "edge-b", "packets": 1, "bytes": 1}]
+
+    def tally(rows):
+        total = {fate: {what: sum(r[what] for r in rows if r["fate"] == fate) for what in ("packets", "bytes")}
+                 for fate in (B.ON_TIME, B.LATE)}
+        return _Tally({}, {f: t["packets"] for f, t in total.items()}, {f: t["bytes"] for f, t in total.items()},
+                      [], None, None, rows)
+
+    with pytest.raises(SumOverflow) as raised:
+        _totals_fit(12, tally(summary))
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(
+        f"batch 12: its bytes on time add up to {67 * record:,}, past 2**63 − 1"), message
+    assert f"source edge-a has the most ({60 * record:,})" in message and "max_flow_bps" in message
+    _totals_fit(12, tally(summary[1:]))  # 7 such records fit

@@ -288,6 +288,7 @@ def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:
     read, flow_states = _expire_waiting(warehouse.settings, plan, read, tally)
     if read.summary is not tally.summary:
         tally = _tally(warehouse.settings, plan, read.summary)  # (rejects move no clock: only the counts change)
+    _totals_fit(plan["batch_id"], tally)  # (before any write: a lower max_flow_bps then applies to the retry)
     clock = time.perf_counter()
     _write_raw(warehouse, plan, read, tally)
     timings["write_raw"] = time.perf_counter() - clock
@@ -542,6 +543,36 @@ def _count_by(values: list) -> dict:
     for value in values:
         counts[value] = counts.get(value, 0) + 1
     return counts
+
+
+#: The largest total a ``batches`` row holds (its counters are 64-bit).
+_INT64_MAX = (1 << 63) - 1
+
+
+def _totals_fit(batch_id: int, tally: _Tally) -> None:
+    """The batch's totals (packets and bytes, on time and late) fit the ``batches`` row's 64-bit
+    counters, or ``SumOverflow`` says so in one line, naming the batch and the source with the largest
+    total: before, ``_commit`` raised OverflowError ("Python int too large to convert to C long")
+    after every other write, and so did each retry.
+
+    Each flow record is bounded (``io.telemetry``: at most what a ``max_flow_bps`` link carries), so
+    this takes records that together claim more than a link could: 67 of 8 days at the full 1.6 Tb/s
+    (2**63 bytes / 1.4 × 10**17), or 5,604 for packets, in one batch.
+    """
+    for fate, label in ((B.ON_TIME, "on time"), (B.LATE, "late")):
+        for what, total in (("packets", tally.weights[fate]), ("bytes", tally.volume[fate])):
+            if total <= _INT64_MAX:
+                continue
+            by_source: dict[str, int] = {}
+            for r in tally.summary:
+                if r["fate"] == fate:
+                    by_source[r["source"]] = by_source.get(r["source"], 0) + (r[what] or 0)
+            source, most = max(by_source.items(), key=lambda item: item[1])
+            raise parts.SumOverflow(
+                f"batch {batch_id}: its {what} {label} add up to {total:,}, past 2**63 − 1 (the batches row's "
+                f"64-bit total), so it was not committed; source {source} has the most ({most:,}): its flow "
+                f"records claim more than its links carry. Set max_flow_bps to their speed, or move its files "
+                f"out of the inbox, and run the batch again")
 
 
 def _commit(warehouse: Warehouse, plan: dict, read: _Read, tally: _Tally, flow_states: dict[str, dict]
