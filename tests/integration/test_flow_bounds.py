@@ -60,20 +60,23 @@ def test_out_of_bounds_records_are_one_reject_each_and_the_rest_counts(spark, tm
 
 
 def test_a_pair_whose_hourly_sum_would_pass_63_bits_costs_only_its_records(spark, tmp_path):
-    """Two records of 2**62 bytes each fit; their sum for the pair's hour does not. Before: an hourly row
-    of −9.2 EB; then the sum raised ``SumOverflow`` and stopped the batch, and every later batch, since
-    the file stayed in the inbox. Now those two records are rejects with the reason; the rest counts."""
-    harness = Harness(tmp_path, spark, local_networks=LOCAL)
+    """250 five-minute records of one pair, each at the fastest link the settings allow (1 Pb/s: 3.75e16 bytes
+    in 300 s, so each passes every per-record bound), add up past 2**63 − 1 for the pair's hour. Before: an
+    hourly row of −9.2 EB; then the sum raised ``SumOverflow`` and stopped the batch, and every later batch,
+    since the file stayed in the inbox. Now those records are rejects with the reason; the rest counts."""
+    harness = Harness(tmp_path, spark, local_networks=LOCAL, max_flow_bps="1P")
     at = T0 + timedelta(minutes=20)
-    _deliver(harness, [_record(at - timedelta(minutes=1), at, 2**62, 2**52),
-                       _record(at - timedelta(minutes=2), at, 2**62, 2**52),
-                       _record(at - timedelta(minutes=1), at, 1500, 1, src="10.1.0.6")], at)
+    full = 10**15 // 8 * 300  # bytes a 1 Pb/s link carries in 300 s
+    packets = 2**37  # within the bytes-per-packet bound (524,280) and the minimum-frame packet rate
+    assert full * 250 > 2**63 - 1
+    _deliver(harness, [_record(at - timedelta(minutes=5), at, full, packets) for _ in range(250)]
+             + [_record(at - timedelta(minutes=1), at, 1500, 1, src="10.1.0.6")], at)
     result = harness.ingest()
-    assert (result.packets_on_time, result.bytes_on_time, result.records_rejected) == (1, 1500, 2)
+    assert (result.packets_on_time, result.bytes_on_time, result.records_rejected) == (1, 1500, 250)
     rejects = harness.table("rejects")
-    assert [r["reason"] for r in rejects] == ["the pair's total for the hour would pass 2**63 − 1 bytes: a 64-bit "
-                                              "sum cannot hold it, so this record is not counted"] * 2
-    assert all(str(2**62) in r["record"] and "10.1.0.5" in r["record"] for r in rejects)
+    assert {r["reason"] for r in rejects} == {"the pair's total for the hour would pass 2**63 − 1 bytes: a 64-bit "
+                                              "sum cannot hold it, so this record is not counted"}
+    assert all("10.1.0.5" in r["record"] for r in rejects)
     assert [(r["local_ip"], r["bytes"], r["packets"]) for r in harness.table("hourly")] == [("10.1.0.6", 1500, 1)]
     # The file is counted, not retried: the next batch reads only what is new.
     later = at + timedelta(minutes=5)
@@ -120,3 +123,20 @@ def test_spark_sums_of_panes_raise_on_overflow_because_ansi_is_on(spark):
         assert row["bytes"] == -(2**63)
     finally:
         spark.conf.set("spark.sql.ansi.enabled", "true")
+
+
+def test_the_flow_bound_settings_reach_the_ingest_tasks(spark, tmp_path):
+    """``max_flow_duration`` and ``max_flow_bps`` as set, not their defaults, judge the records in the Spark tasks
+    (they were missing from what the driver hands the executors: every warehouse ran with the defaults)."""
+    harness = Harness(tmp_path, spark, local_networks=LOCAL, max_flow_duration="1h", max_flow_bps="1G")
+    at = T0 + timedelta(minutes=20)
+    _deliver(harness, [
+        _record(at - timedelta(hours=2), at, 1000, 10),  # 2 h: past 1 h, far within the 8-day default
+        _record(at - timedelta(minutes=1), at, 10**11, 10**8),  # 100 GB in 300 s: past 1 Gb/s, within 1.6 Tb/s
+        _record(at - timedelta(minutes=1), at, 1500, 1, src="10.1.0.6"),
+    ], at)
+    result = harness.ingest()
+    assert (result.packets_on_time, result.bytes_on_time, result.records_rejected) == (1, 1500, 2)
+    reasons = sorted(r["reason"] for r in harness.table("rejects"))
+    assert reasons[0].startswith("100,000,000,000 bytes in ") and "max_flow_bps (1 Gb/s" in reasons[0], reasons
+    assert reasons[1].startswith("the flow lasts ") and "longer than max_flow_duration (1.0 hours)" in reasons[1]

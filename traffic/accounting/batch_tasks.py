@@ -316,6 +316,7 @@ def _telemetry_rules(settings, source: str, watermark: datetime | None) -> Telem
                           sampling_rate=settings.sampling_rates.get(source),
                           template_wait_us=micros_of(settings.template_wait),
                           max_flow_duration_us=micros_of(settings.max_flow_duration),
+                          max_flow_bps=settings.max_flow_bps,
                           watermark_us=micros(watermark) if watermark is not None else None)
 
 

@@ -371,7 +371,9 @@ def _read(warehouse: Warehouse, plan: dict, progress) -> _Read:
                         settings_doc={"local_networks": list(settings.local_networks),
                                       "keep_transit": settings.keep_transit,
                                       "sampling_rates": dict(settings.sampling_rates),
-                                      "template_wait": settings.template_wait.total_seconds()},
+                                      "template_wait": settings.template_wait.total_seconds(),
+                                      "max_flow_duration": settings.max_flow_duration.total_seconds(),
+                                      "max_flow_bps": settings.max_flow_bps},
                         flow_states=plan.get("flow_state", {}),
                         mapping=P.Mapping.of(settings.accounts_file))
         outcomes, unread = _parse(warehouse.spark, chunk_rows, rules, staged, settings.max_history, progress)

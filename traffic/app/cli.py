@@ -654,6 +654,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
     from traffic.core.settings import SettingsError  # deferred: per command (see the docstring)
     from traffic.reporting.top import TopError  # deferred: per command (see the docstring)
     from traffic.app.collect import CollectError  # deferred: per command (see the docstring)
+    from traffic.accounting.parts import SumOverflow  # deferred: per command (see the docstring)
 
     args = build_parser().parse_args(argv)
     holder = None
@@ -670,7 +671,8 @@ def main(argv: list[str] | None = None, spark=None) -> int:
         if _reader_gone():
             return EXIT_PIPE
         return _unexpected(args, error)
-    except (SettingsError, InboxError, LockTimeout, StorageError, AcceptError, TopError, CollectError) as error:
+    except (SettingsError, InboxError, LockTimeout, StorageError, AcceptError, TopError, CollectError,
+            SumOverflow) as error:
         print(f"traffic {args.command}: error: {printable(error)}", file=sys.stderr)
         return EXIT_USER
     except CheckFailed as error:
