@@ -64,10 +64,36 @@ def test_router_feed_fuzz(lines, good_at):
     assert good, "the good record beside the bad ones was lost"
 
 
+def _text_records(data: bytes) -> int:
+    """How many records a text file holds, by the contract (DESIGN §7) rather than the reader's code.
+
+    A byte-order mark at the start of the file is no part of a record. A line that is not UTF-8
+    is one record (rejected whole); a UTF-8 line is one record per non-empty piece between line
+    breaks (``\\n``, ``\\r\\n`` or a lone ``\\r``, as a CSV reader ends its rows).
+    """
+    count = 0
+    for line in data.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            count += 1
+            continue
+        count += sum(1 for piece in text.split("\r") if piece)
+    return count
+
+
+def _the_good_line_once(rows, local="10.0.0.1", size=1500) -> None:
+    good = [r for r in rows if r["kind"] == "packet" and r["bytes"] == size and r["local_ip"] == local]
+    assert len(good) == 1, f"the good record beside the bad ones was not counted exactly once: {good}"
+
+
 @FUZZ
 @given(st.binary(max_size=400))
 def test_router_feed_random_bytes(data):
-    _check(parse_bytes(data + b"\n" + GOOD.encode() + b"\n", ROUTER_FEED, source="s", input_file="f"))
+    """Any bytes before a good line: one row per record (nothing dropped, nothing doubled), the good line once."""
+    data = data + b"\n" + GOOD.encode() + b"\n"
+    rows = _check(parse_bytes(data, ROUTER_FEED, source="s", input_file="f"), _text_records(data))
+    _the_good_line_once(rows)
 
 
 json_value = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
@@ -99,9 +125,12 @@ def test_csv_with_header_fuzz(records):
     for record in records:
         writer.writerow([f.replace("\x00", "") for f in record])
     writer.writerow(["2026-11-01T10:00:00Z", "10.0.0.1", "192.0.2.1", "64"])
-    rows = _check(parse_bytes(out.getvalue().encode("utf-8", "surrogatepass"), CSV_HEADER, source="s",
-                              input_file="f"))
-    assert any(r["kind"] == "packet" and r["bytes"] == 64 for r in rows)
+    text = out.getvalue()
+    # One row per non-blank line after the header: a quoted line break does not continue a record (DESIGN §7,
+    # ``parse_csv_header``), so a field holding one costs its lines, never the lines after them.
+    rows = _check(parse_bytes(text.encode("utf-8", "surrogatepass"), CSV_HEADER, source="s", input_file="f"),
+                  len([line for line in text.split("\n")[1:] if line.strip()]))
+    _the_good_line_once(rows, size=64)
 
 
 @pytest.mark.parametrize("data,reason", [
@@ -128,8 +157,8 @@ def test_hand_made_router_feed_cases(data, reason):
 @FUZZ
 @given(st.binary(max_size=600), st.integers(0, 200))
 def test_captures_random_bytes_and_truncations(garbage, cut):
-    frames = [cf.Packet(cf.ethernet(cf.ipv4("10.0.0.1", "192.0.2.1", 6, cf.tcp(1, 2, b"x" * 20))), 10**18 + i)
-              for i in range(3)]
+    frames = [cf.Packet(cf.ethernet(cf.ipv4("10.0.0.1", "192.0.2.1", 6, cf.tcp(1, 2, b"x" * 20))), 10**18 + i * 1000)
+              for i in range(3)]  # a microsecond apart: each frame is a row of its own
     good = cf.pcap(frames)
     record = 16 + len(frames[0].frame)
     truncated = good[: len(good) - cut]
@@ -141,6 +170,11 @@ def test_captures_random_bytes_and_truncations(garbage, cut):
     rows = parse_capture(truncated, source="s", input_file="f", local_networks=["10.0.0.0/8"]).to_pylist()
     assert sum(1 for r in rows if r["kind"] == "packet") == whole_frames
     assert len(rows) == whole_frames + (1 if len(truncated) > 24 + whole_frames * record or len(truncated) < 24 else 0)
+    # Garbage after a whole capture costs only itself: the three good frames are each counted once.
+    alone = parse_capture(good, source="s", input_file="f", local_networks=["10.0.0.0/8"]).to_pylist()
+    assert len(alone) == 3 and all(r["kind"] == "packet" for r in alone), alone
+    rows = parse_capture(good + garbage, source="s", input_file="f", local_networks=["10.0.0.0/8"]).to_pylist()
+    assert all(rows.count(r) == 1 for r in alone), (alone, rows)
 
 
 # -- hostile inboxes (issue 20): poison content, hostile names, special files ---------------------
