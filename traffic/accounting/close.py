@@ -1,5 +1,5 @@
 """Close: freeze closed hours (and raise their alerts), roll up closed days and months, store closed bills, expire
-raw detail (DESIGN §3–§6).
+raw detail and, when a retention is set, old per-address rows (DESIGN §3–§6).
 
 What to do is decided on the driver from the small state tables, so a close with nothing
 to do never starts Spark. Each step recomputes its output from its inputs and replaces
@@ -36,7 +36,7 @@ from traffic.core.settings import Settings, SettingsError
 from traffic.quality.suites import build_data_docs, preload, prune_reports
 from traffic.quality.suites import Validation
 from traffic.quality.suites import period_label
-from traffic.storage.delta import RsTable
+from traffic.storage.delta import RsTable, cluster_key
 from traffic.accounting import parts
 from traffic.accounting import freeze_tasks
 from traffic.accounting import panes as P
@@ -121,9 +121,39 @@ def plan_close(settings: Settings, warehouse: Warehouse, until: datetime | None 
         plan.expire_other[table] = warehouse.table(table).keys_before(retention_floor(state.watermark, retention))
     plan.dq_bound = month_start(retention_floor(state.watermark, settings.dq_retention))
     plan.expire_other["dq_results"] = warehouse.table("dq_results").keys_before(plan.dq_bound)
+    plan.expire_other.update(per_address_expiry(warehouse, state.watermark, ledger))
     # Bills of billing periods whose hours are all frozen (by now or by this run) and published.
     plan.bills = due_periods(warehouse, state.first_hour, frozen_end, published | freezing)
     return plan
+
+
+#: Per-address tables with a retention setting (DESIGN §5; default: kept), each with the coarser grain its
+#: rows must be summed into, and published, before they may go.
+PER_ADDRESS_RETENTION = {"hourly": ("hourly_retention", "day"), "daily": ("daily_retention", "month")}
+_KEY_WIDTH = {"day": 10, "month": 7}
+
+
+def per_address_expiry(warehouse: Warehouse, watermark: datetime, ledger: list[dict]) -> dict[str, list[str]]:
+    """The keys of ``hourly`` (``daily``) rows past ``hourly_retention`` (``daily_retention``), by event time.
+
+    An hour (a day) goes once it lies wholly before ``hour_floor(W) - retention`` and the day (month) it
+    was rolled up into is in the ledger and published: its bytes then live on in ``daily`` (``monthly``)
+    and the ledger, which expiry never touches, and the accounting never reads it again (a roll-up reads
+    only periods not rolled up yet; a month re-checks its days against the ledger, not ``hourly``; bills
+    are cut from ``panes``). Reports of an expired period find the totals, not the addresses. So an open
+    hour, a frozen hour of a day not rolled up yet, and the hours of a failed day (an operator's evidence
+    until ``traffic accept``) are kept whatever the setting. ``None`` (the default) keeps the table.
+    """
+    expired: dict[str, list[str]] = {}
+    for table, (setting, coarser) in PER_ADDRESS_RETENTION.items():
+        retention = getattr(warehouse.settings, setting)
+        if retention is None:
+            continue
+        rolled_up = {cluster_key(r["period_start"], coarser) for r in ledger
+                     if r["grain"] == coarser and is_published(r["dq_status"])}
+        expired[table] = [k for k in warehouse.table(table).keys_before(retention_floor(watermark, retention))
+                          if k[:_KEY_WIDTH[coarser]] in rolled_up]
+    return expired
 
 
 STEPS = ("freeze", "days", "months", "expire")
@@ -236,6 +266,11 @@ def execute_close(warehouse: Warehouse, plan: ClosePlan, result: CloseResult, pr
             # Listed again now: this run's own checks of periods already past dq_retention (a catch-up over
             # months) go too, as they would at a rerun of this close after a crash, which finds them written.
             keys = warehouse.table(table).keys_before(plan.dq_bound)
+        elif table in PER_ADDRESS_RETENTION and result.watermark is not None:
+            # Listed again now, with the days and months this run has just rolled up and published: as at
+            # a rerun of this close after a crash, which finds them in the ledger.
+            keys = per_address_expiry(warehouse, result.watermark,
+                                      st.read_ledger(warehouse, columns=st.LEDGER_STATUS)).get(table, [])
         if keys:
             warehouse.table(table).delete_keys(keys, op="expire")
     if plan.dq_bound is not None:

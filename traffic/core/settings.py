@@ -155,6 +155,8 @@ class Settings:
     late_retention: timedelta = timedelta(days=90)
     reject_retention: timedelta = timedelta(days=90)
     dq_retention: timedelta = timedelta(days=90)
+    # Per-address rows of hours (days) this old go once their day (month) is rolled up and published;
+    # None ("keep", the default): kept. monthly and the ledger are never expired (close.per_address_expiry).
     hourly_retention: timedelta | None = None
     daily_retention: timedelta | None = None
     min_file_age: timedelta = timedelta(0)
