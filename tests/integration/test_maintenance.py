@@ -20,6 +20,8 @@ from traffic.storage.schemas import TABLES, columns
 
 UTC = timezone.utc
 T0 = datetime(2026, 10, 30, 20, tzinfo=UTC)
+#: The module values the ``runs`` fixture patches, as imported.
+BEFORE = (close_mod.MERGED, close_mod.VACUUM_EVERY, dict(delta.TABLE_CONFIGURATION))
 
 
 def _run(harness: Harness) -> None:
@@ -41,16 +43,17 @@ def _on_disk(table) -> set[str]:
 def runs(spark, tmp_path_factory):
     base = tmp_path_factory.mktemp("maintenance")
     plain = Harness(base / "plain", spark, keep_hours=3)
-    patch = pytest.MonkeyPatch()
-    patch.setattr(close_mod, "MERGED", ())
-    patch.setattr(close_mod, "VACUUM_EVERY", timedelta(days=365))
-    _run(plain)
-    patch.undo()
+    # (``MonkeyPatch.context``: the module-scoped form of the ``monkeypatch`` fixture, undone even when a run
+    # fails, so no later test runs with these module values.)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(close_mod, "MERGED", ())
+        patch.setattr(close_mod, "VACUUM_EVERY", timedelta(days=365))
+        _run(plain)
     kept = Harness(base / "kept", spark, keep_hours=3)
-    patch.setitem(delta.TABLE_CONFIGURATION, "delta.deletedFileRetentionDuration", "interval 0 seconds")
-    patch.setattr(close_mod, "VACUUM_EVERY", timedelta(0))
-    _run(kept)
-    patch.undo()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(delta.TABLE_CONFIGURATION, "delta.deletedFileRetentionDuration", "interval 0 seconds")
+        patch.setattr(close_mod, "VACUUM_EVERY", timedelta(0))
+        _run(kept)
     return plain, kept
 
 
@@ -84,6 +87,11 @@ def test_only_live_files_stay_on_disk(runs):
     # Without the vacuum, every file a commit ever removed is still there.
     hourly = plain.warehouse().table("hourly")
     assert len(_on_disk(hourly)) >= 2 * len(hourly.files())  # each hour written open, then final
+
+
+def test_the_runs_leave_the_module_settings_as_they_were(runs):
+    """What the fixture patched is undone: later tests close with the real merge, vacuum period and retention."""
+    assert (close_mod.MERGED, close_mod.VACUUM_EVERY, delta.TABLE_CONFIGURATION) == BEFORE
 
 
 def test_a_new_warehouse_waits_a_vacuum_period_before_its_first(spark, tmp_path, monkeypatch):
