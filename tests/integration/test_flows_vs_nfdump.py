@@ -26,14 +26,14 @@ from tests.support import flow_tools as ft
 from tests.support.flow_captures import (NFPROBE_ETHERNET, SFPROBE_ETHERNET, SHARED_CAPTURES, SOFTFLOWD_ETHERNET,
                                          differences, merger)
 from tests.support.harness import Harness
+from tests.support.requirements import folder_fixture
 from traffic.app.collect import Collector, build_options
 from traffic.core.settings import MAX_DURATION
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not SHARED_CAPTURES.is_dir(),
-                       reason=f"{SHARED_CAPTURES} does not exist (a fresh clone of the project alone)"),
-]
+pytestmark = [pytest.mark.slow]
+#: The tests of the shared captures fail without them, with the reason (tests/support/requirements.py); the
+#: encoder's test below needs none and runs either way.
+shared_captures = folder_fixture(SHARED_CAPTURES, "shared_captures")
 
 #: Every address is local, so each row's local_ip is the sender (internal traffic): (local, remote) = (src, dst).
 EVERYTHING_LOCAL = "0.0.0.0/0,::/0"
@@ -42,7 +42,7 @@ WIDEST = f"{MAX_DURATION.days}d"
 
 
 @pytest.fixture(scope="module")
-def merged(tmp_path_factory):
+def merged(tmp_path_factory, shared_captures):
     """Per exporter, its captures merged into one file (built once, on first use)."""
     return merger(tmp_path_factory.mktemp("merged"))
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from tests.support import flow_encoder as fe
 from tests.support import flowcaps
+from tests.support.requirements import folder_fixture
 from traffic.core.records import canonical_ip
 from traffic.io.captures import Datagrams, udp_datagrams
 from traffic.io.flows import FlowState, decode
@@ -285,6 +286,8 @@ def test_collector_files_cut_or_followed_by_garbage(garbage, cut):
 #: Seeded from the run (``FLOW_FUZZ_SEED`` to replay one); the seed is in every failure message.
 SEED = int(os.environ.get("FLOW_FUZZ_SEED", random.SystemRandom().randrange(1 << 32)))
 CORPUS_SOURCES = flowcaps.sources() if flowcaps.CORPUS.is_dir() else []
+#: A missing corpus fails the tests that read it, with the reason (tests/support/requirements.py).
+flowcaps_corpus = folder_fixture(flowcaps.CORPUS, "flowcaps_corpus")
 
 
 def _corpus_datagrams(source: flowcaps.Source, folder) -> list[tuple]:
@@ -328,7 +331,7 @@ def _accounted(out, numbers: set[int]) -> set[int]:
     return said & numbers
 
 
-@pytest.mark.skipif(not CORPUS_SOURCES, reason=f"{flowcaps.CORPUS} does not exist")
+@pytest.mark.usefixtures("flowcaps_corpus")
 def test_real_datagrams_mutated_never_raise_and_never_touch_the_next_batch(tmp_path):
     """Every corpus datagram mutated: no exception; every mutated datagram is either read or rejected with its
     reason; and the source's intact datagrams, sent on in a later call with the state the mutated one left,
@@ -389,7 +392,7 @@ def _ingest(harness, what: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not CORPUS_SOURCES, reason=f"{flowcaps.CORPUS} does not exist")
+@pytest.mark.usefixtures("flowcaps_corpus")
 def test_mutated_corpus_datagrams_through_ingest_leave_the_next_batch_exact(spark, tmp_path):
     """Through the real ingest: each corpus source's batch 1 is a collector file of its datagrams mutated; batch 2
     its intact datagrams. Ingest never fails, every reject says why, and what batch 2's file counts for the

@@ -19,12 +19,16 @@ import pytest
 
 from tests.support import capture_factory as cf
 from tests.support import flow_encoder as fe
+from tests.support.requirements import folder_fixture, tool_fixture
 from traffic.io.captures import Datagrams, udp_datagrams
 from traffic.io.flows import NSEL_MAX_CONNECTIONS, FlowState, decode
 
 FLOWCAPS = Path(__file__).resolve().parents[3] / "shared" / "flowcaps"
-needs_corpus = pytest.mark.skipif(not FLOWCAPS.is_dir(), reason="../shared/flowcaps is not there")
-needs_tshark = pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark is not installed")
+# Missing corpus or tshark fails the tests that need them, with the reason (tests/support/requirements.py).
+flowcaps_corpus = folder_fixture(FLOWCAPS, "flowcaps_corpus")
+tshark_tool = tool_fixture("tshark", "tshark_tool")
+needs_corpus = pytest.mark.usefixtures("flowcaps_corpus")
+needs_tshark = pytest.mark.usefixtures("tshark_tool")
 
 T = 1_800_000_000_000_000  # µs
 EXPORT_S = T // 1_000_000

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.support import flow_encoder as fe
+from tests.support.requirements import folder_fixture
 from traffic.io.captures import Datagrams, udp_datagrams
 from traffic.io.flows import FlowState, _rate_by_precedence, _rate_said, decode
 
@@ -30,7 +31,9 @@ A = fe.Flow("10.0.0.1", "192.0.2.1", 1234, 443, 6, 1500, 3, T - 5_000_000, T - 1
 B = fe.Flow("10.0.0.2", "198.51.100.7", 5353, 53, 17, 80, 1, T - 2_000_000, T - 2_000_000)
 V4 = [(8, 4), (12, 4), (7, 2), (11, 2), (4, 1), (1, 8), (2, 8), (152, 8), (153, 8)]
 
-needs_corpus = pytest.mark.skipif(not FLOWCAPS.is_dir(), reason="../shared/flowcaps is not there")
+# A missing corpus fails the tests that need it, with the reason (tests/support/requirements.py).
+flowcaps_corpus = folder_fixture(FLOWCAPS, "flowcaps_corpus")
+needs_corpus = pytest.mark.usefixtures("flowcaps_corpus")
 
 
 def _capture(*names: str, state: FlowState | None = None):
