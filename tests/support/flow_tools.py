@@ -152,16 +152,46 @@ def free_udp_port() -> int:
         return probe.getsockname()[1]
 
 
-def _udp_socket_state(port: int) -> tuple[int, int] | None:
-    """(receive queue bytes, drops) of the IPv4 UDP socket bound to 127.0.0.1:``port``, from /proc."""
+def _udp_socket_state(port: int, pid: int | None = None) -> tuple[int, int] | None:
+    """(receive queue bytes, drops) of the IPv4 UDP socket bound to 127.0.0.1:``port``, from /proc; with
+    ``pid``, only a socket that process holds (another process may have taken the port a probe found free)."""
     wanted = f"0100007F:{port:04X}"
     with open("/proc/net/udp") as table:
         for line in table.readlines()[1:]:
             fields = line.split()
-            if fields[1] == wanted:
+            if fields[1] == wanted and (pid is None or f"socket:[{fields[9]}]" in _sockets_of(pid)):
                 rx_queue = int(fields[4].split(":")[1], 16)
                 return rx_queue, int(fields[12])
     return None
+
+
+def _sockets_of(pid: int) -> set[str]:
+    """The ``socket:[inode]`` links of a process's open files (empty once it is gone)."""
+    links = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return links
+    for name in names:
+        try:
+            links.add(os.readlink(f"/proc/{pid}/fd/{name}"))
+        except OSError:
+            pass
+    return links
+
+
+def _all_threads_asleep(pid: int) -> bool:
+    """Whether every thread of ``pid`` is blocked (state S), none running or runnable: with its socket
+    queue empty, a collector in this state has finished with the last datagram it read."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+        states = []
+        for tid in tids:
+            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+    except OSError:
+        return False
+    return bool(states) and all(state == "S" for state in states)
 
 
 @contextlib.contextmanager
@@ -398,25 +428,60 @@ def _replay(datagrams: list[Datagram], port: int, *, pace_every: int = 16, pause
             sender.close()
 
 
+def _replay_delivered(datagrams: list[Datagram], port: int, timeout: float) -> None:
+    """``_replay`` from one CPU, then wait until the kernel has delivered all of it (``_flush_loopback``)."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # this thread only (Linux)
+    try:
+        _replay(datagrams, port)
+        _flush_loopback(timeout)
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
 def _wait_bound(port: int, process: subprocess.Popen, timeout: float) -> None:
+    """Until ``process`` itself holds 127.0.0.1:``port`` (a socket of another process on it is a collision)."""
     deadline = time.monotonic() + timeout
-    while _udp_socket_state(port) is None:
+    while _udp_socket_state(port, process.pid) is None:
         if process.poll() is not None or time.monotonic() > deadline:
             raise TimeoutError(f"collector did not bind {LOOPBACK}:{port}")
         time.sleep(0.02)
 
 
-def _wait_drained(port: int, timeout: float) -> int:
-    """Wait until the collector has read everything queued on its socket; its drop count."""
+def _flush_loopback(timeout: float) -> None:
+    """Return once every datagram this thread sent before has been delivered to its socket (or dropped there).
+
+    Loopback delivery may be deferred to the kernel's softirq thread on a busy machine, so an empty
+    receive queue right after ``sendto`` does not mean the collector has everything. Delivery is in
+    order per CPU: pinned to one CPU, a probe sent to a socket of ours and read back comes after all
+    of them."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind((LOOPBACK, 0))
+        probe.settimeout(timeout)
+        probe.sendto(b"probe", probe.getsockname())
+        try:
+            probe.recv(16)
+        except socket.timeout:
+            raise TimeoutError(f"a loopback datagram was not delivered within {timeout} s") from None
+
+
+def _wait_drained(port: int, process: subprocess.Popen, timeout: float) -> int:
+    """Wait until the collector has read and handled everything queued on its socket; its drop count.
+
+    Fails (TimeoutError) if that does not happen within ``timeout``: stopping the collector with
+    datagrams still queued would lose them, and the comparison after would blame the decoder."""
     deadline = time.monotonic() + timeout
-    while True:
-        state = _udp_socket_state(port)
-        if state is None or state[0] == 0 or time.monotonic() > deadline:
-            break
+    settled = 0
+    while settled < 2:  # twice in a row: empty queue and every thread blocked, waiting for more
+        state = _udp_socket_state(port, process.pid)
+        if state is None:
+            raise TimeoutError(f"the collector's socket on {LOOPBACK}:{port} is gone (exit status {process.poll()})")
+        settled = settled + 1 if state[0] == 0 and _all_threads_asleep(process.pid) else 0
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the collector on {LOOPBACK}:{port} still had {state[0]} bytes queued "
+                               f"or was busy after {timeout} s")
         time.sleep(0.02)
-    time.sleep(0.2)  # the last datagram read is processed, not just dequeued
-    state = _udp_socket_state(port)
-    return state[1] if state else 0
+    return state[1]
 
 
 def collect(datagrams: list[Datagram], kind: str, flowdir: Path | str, *, timeout: float = 30.0) -> Path:
@@ -442,8 +507,11 @@ def collect(datagrams: list[Datagram], kind: str, flowdir: Path | str, *, timeou
                 if process.poll() is not None and attempt < 2:
                     continue
                 raise _fail(f"{daemon} did not start", command, log) from None
-            _replay(datagrams, port)
-            drops = _wait_drained(port, timeout)
+            _replay_delivered(datagrams, port, timeout)
+            try:
+                drops = _wait_drained(port, process, timeout)
+            except TimeoutError as error:
+                raise _fail(str(error), command, log) from None
             if drops:
                 raise _fail(f"{daemon} dropped {drops} datagrams", command, log)
             process.send_signal(signal.SIGTERM)
