@@ -107,3 +107,20 @@ def test_restatement_replaces_a_frozen_range_and_says_why(spark, tmp_path):
     assert _reconciles(harness)
     with pytest.raises(SettingsError, match="only frozen hours"):
         _replay(harness, corrected, D1 + timedelta(days=5), D1 + timedelta(days=5, hours=1), restate="too early")
+
+
+def test_restatement_of_part_of_a_day_whose_hours_retention_expired_is_refused(spark, tmp_path):
+    """With ``hourly_retention``, the close drops hours of rolled-up days: restating some hours of such a day
+    would roll the day up again from the hours left, and lose the others. Refused with its reason; the
+    whole day may still be restated (every hour comes from the archive)."""
+    harness = Harness(tmp_path / "w", spark, hourly_retention="1h")
+    original = _archive(tmp_path / "v1", range(0, 49), 100)
+    _replay(harness, original, D1, D1 + timedelta(days=3))
+    assert not [r for r in harness.table("hourly") if r["hour"] < D1 + timedelta(days=1)]  # day 1's hours expired
+    corrected = _archive(tmp_path / "v2", range(0, 24), 150)
+    with pytest.raises(SettingsError, match=r"^the restatement covers part of the day of 2026-\d\d-\d\d, some of "
+                                            r"whose rows hourly_retention may have expired"):
+        _replay(harness, corrected, D1 + timedelta(hours=3), D1 + timedelta(hours=5), restate="exporter bug #12")
+    _replay(harness, corrected, D1, D1 + timedelta(days=1), restate="exporter bug #12, whole day")
+    day1 = {r["period_start"]: r for r in harness.table("periods") if r["grain"] == "day"}[D1]
+    assert (day1["bytes"], day1["restated"]) == (24 * 2 * 150, "exporter bug #12, whole day")

@@ -170,3 +170,22 @@ def test_shares_match_the_exact_proportions(cases):
             overlap = min(s + length, (at // _P + 1) * _P) - at
             exact = Fraction(amount * overlap, length)
             assert exact - 1 < int(byte_shares[j]) < exact + 1
+
+
+def test_a_restatement_refuses_a_part_of_a_day_or_month_that_retention_may_have_thinned():
+    """Restating rolls each day (month) it touches up again from ``hourly`` (``daily``): only whole ones are
+    safe once rows of the period may have expired; without retention, or inside it, any range is."""
+    utc = timezone.utc
+    w = datetime(2026, 11, 20, 5, tzinfo=utc)
+    day, h = datetime(2026, 11, 10, tzinfo=utc), timedelta(hours=1)
+    past = P.restatement_past_retention
+    assert past(day + 3 * h, day + 5 * h, w, None, None) is None
+    assert past(day + 3 * h, day + 5 * h, w, timedelta(days=30), None) is None  # nothing of the day expired yet
+    reason = past(day + 3 * h, day + 5 * h, w, timedelta(days=2), None)
+    assert reason.startswith("the restatement covers part of the day of 2026-11-10") and "hourly_retention" in reason
+    assert past(day, day + 24 * h, w, timedelta(days=2), None) is None  # the whole day
+    assert past(day, day + 48 * h, w, timedelta(days=2), None) is None  # whole days
+    month = datetime(2026, 10, 1, tzinfo=utc)
+    assert "daily_retention" in past(day, day + 24 * h, w, None, timedelta(days=2))  # part of November
+    assert past(month, datetime(2026, 11, 1, tzinfo=utc), w, timedelta(days=2), timedelta(days=2)) is None
+    assert past(day + 3 * h, day + 5 * h, None, timedelta(days=2), timedelta(days=2)) is None  # nothing ingested

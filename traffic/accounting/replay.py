@@ -33,7 +33,7 @@ from traffic.io import inbox as inbox_mod
 from traffic.io.readers import FLOWS
 from traffic.io.telemetry import TelemetryState
 from traffic.storage import state as st
-from traffic.core.periods import hour_floor, hours_between
+from traffic.core.periods import hour_floor, hours_between, restatement_past_retention
 from traffic.storage.delta import Warehouse
 from traffic.accounting.ingest import cutting
 from traffic.core.settings import Settings, SettingsError
@@ -59,6 +59,10 @@ def plan_replay(settings: Settings, warehouse: Warehouse, input_dir: Path, start
                 raise SettingsError(f"only frozen hours can be restated; {hour:%Y-%m-%d %H:00} is not frozen "
                                     "(replay without --restate, or wait until it is closed)")
             withdrawn += frozen[hour]["bytes"] + frozen[hour]["late_bytes"]
+        blocked = restatement_past_retention(start, end, state.watermark, settings.hourly_retention,
+                                             settings.daily_retention)
+        if blocked:
+            raise SettingsError(blocked)
     found = inbox_mod.scan(input_dir)
     if not found:
         raise SettingsError(f"no input files in {input_dir}")

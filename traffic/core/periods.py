@@ -254,6 +254,30 @@ def retention_floor(watermark: datetime, retention: timedelta) -> datetime:
     return hour_floor(watermark) - retention
 
 
+def restatement_past_retention(start: datetime, end: datetime, watermark: datetime | None,
+                               hourly_retention: timedelta | None, daily_retention: timedelta | None) -> str | None:
+    """Why restating ``[start, end)`` would roll a day (month) up again without rows retention expired, or None.
+
+    A restatement rolls up again every day and month it touches, from ``hourly`` (``daily``): a day only
+    partly restated whose other hours may be past ``hourly_retention``, or a month only partly restated
+    whose other days may be past ``daily_retention``, would lose them. Whole days (months) are safe.
+    """
+    if watermark is None:
+        return None
+    day_of = lambda ts: day_start(ts.date())  # noqa: E731
+    for retention, floor_of, name, grain in ((hourly_retention, day_of, "hourly_retention", "day"),
+                                             (daily_retention, month_start, "daily_retention", "month")):
+        if retention is None:
+            continue
+        first, last = floor_of(start), floor_of(end - timedelta(microseconds=1))
+        whole = start == first and end == period_end(last, grain)
+        if not whole and first < retention_floor(watermark, retention):
+            return (f"the restatement covers part of the {grain} of {first:%Y-%m-%d}, some of whose rows "
+                    f"{name} may have expired: restate whole {grain}s ({first:%Y-%m-%d} to "
+                    f"{period_end(last, grain):%Y-%m-%d}), or restate before they expire")
+    return None
+
+
 def is_published(status: str | None) -> bool:
     """Whether a period with this ``dq_status`` is published (§6)."""
     return status in PUBLISHED
