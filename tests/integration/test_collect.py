@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.flow_tools import loopback_delivered
 from tests.support.requirements import need_tool
 from traffic.app.collect import (DEFAULT_LISTEN, REFUSED_SENDERS, CollectError, Collector, CollectOptions, Endpoint,
                                  build_options, ipv4_blocks, recover, sender_allowed)
@@ -38,10 +39,54 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # -- helpers ----------------------------------------------------------------------------------------
 def free_udp_port(host: str = "127.0.0.1") -> int:
+    """A port nothing holds right now. Another test worker may bind it before we do: whoever binds
+    through it retries on "in use" (``start_on_a_free_port``, ``start_command``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+IN_USE = "in use by another program"  # the collector's reason when its bind fails with EADDRINUSE
+ATTEMPTS = 5
+
+
+def start_on_a_free_port(make, host: str = "127.0.0.1") -> Collector:
+    """``make(listen)`` a Collector and start it on a free port of ``host``, again on another port when
+    that one was taken between the probe and the bind. The port is ``port_of(collector)``."""
+    for attempt in range(ATTEMPTS):
+        collector = make([f"[{host}]:{free_udp_port(host)}" if ":" in host else f"{host}:{free_udp_port(host)}"])
+        try:
+            return collector.start()
+        except CollectError as error:
+            if IN_USE not in str(error) or attempt == ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def port_of(collector: Collector) -> int:
+    return collector.listeners[0].endpoint.port
+
+
+def start_command(status: Path, *args: str, **kwargs) -> tuple[subprocess.Popen, int, int]:
+    """``traffic collect`` with ``args`` (``{udp}`` and ``{tcp}`` in them are free ports), started: its
+    status file written. A port taken before the collector bound it makes it exit "in use": retried
+    with other ports. Returns the process and the two ports."""
+    for attempt in range(ATTEMPTS):
+        udp, tcp = free_udp_port(), free_tcp_port()
+        process = traffic("collect", *(arg.format(udp=udp, tcp=tcp) for arg in args), **kwargs)
+        wait_for(lambda: status.exists() or process.poll() is not None, what="the status file")
+        if process.poll() is None or status.exists():
+            return process, udp, tcp
+        _, err = process.communicate(timeout=30)
+        if IN_USE not in (err or _stderr_text(kwargs)) or attempt == ATTEMPTS - 1:
+            raise AssertionError(f"traffic collect did not start: {err or _stderr_text(kwargs)}")
+    raise AssertionError("unreachable")
+
+
+def _stderr_text(kwargs) -> str:
+    stderr = kwargs.get("stderr")
+    return Path(stderr.name).read_text() if hasattr(stderr, "name") else ""
 
 
 def free_tcp_port() -> int:
@@ -101,7 +146,13 @@ def collecting(inbox: Path, exporters=None, **options):
     """A collector serving in a thread of this process; stopped and closed (files completed) on exit."""
     options.setdefault("log_every", 0)
     lines: list[str] = []
-    collector = Collector(inbox, exporters or {}, build_options(**options), log=lines.append).start()
+    if "listen" in options:
+        collector = Collector(inbox, exporters or {}, build_options(**options), log=lines.append).start()
+    else:  # a free port on ``host`` (default 127.0.0.1): port_of(collector)
+        host = options.pop("host", "127.0.0.1")
+        collector = start_on_a_free_port(lambda listen: Collector(inbox, exporters or {},
+                                                                  build_options(listen=listen, **options),
+                                                                  log=lines.append), host)
     thread = threading.Thread(target=collector.serve, daemon=True)
     thread.start()
     try:
@@ -119,17 +170,17 @@ def received(collector: Collector, count: int):
 
 
 def traffic(*args, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "traffic.app.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen([sys.executable, "-m", "traffic.app.cli", *args], cwd=ROOT,
+                            **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **kwargs})
 
 
 # -- the files --------------------------------------------------------------------------------------
 def test_two_exporters_land_in_two_folders_with_exactly_the_bytes_sent(tmp_path):
-    port = free_udp_port()
     sizes = [0, 1, 2, 299, 300, 1472, 9000, 65_507]
     sent = {"127.0.0.2": [], "127.0.0.3": []}
     before = time.time_ns() // 1000
-    with collecting(tmp_path / "inbox", listen=[f"127.0.0.1:{port}"]) as collector:
+    with collecting(tmp_path / "inbox") as collector:
+        port = port_of(collector)
         senders = {address: exporter(address) for address in sent}
         for i in range(40):
             for address, sock in senders.items():
@@ -155,9 +206,9 @@ def test_two_exporters_land_in_two_folders_with_exactly_the_bytes_sent(tmp_path)
 
 def test_tshark_reads_the_same_datagrams_with_good_checksums(tmp_path):
     need_tool("tshark")  # the only check that our files open in tshark: missing tshark fails it, with the reason
-    port = free_udp_port()
     payloads = [os.urandom(n) for n in (1, 64, 300, 1400)] * 5
-    with collecting(tmp_path / "inbox", listen=[f"127.0.0.1:{port}"]) as collector:
+    with collecting(tmp_path / "inbox") as collector:
+        port = port_of(collector)
         sock = exporter("127.0.0.2")
         for payload in payloads:
             sock.sendto(payload, ("127.0.0.1", port))
@@ -176,10 +227,11 @@ def test_tshark_reads_the_same_datagrams_with_good_checksums(tmp_path):
 
 def test_ipv6_exporters_get_a_folder_without_colons(tmp_path):
     try:
-        port = free_udp_port("::1")
+        free_udp_port("::1")
     except OSError:
         pytest.skip("no IPv6 loopback here")
-    with collecting(tmp_path / "inbox", listen=[f"[::1]:{port}"]) as collector:
+    with collecting(tmp_path / "inbox", host="::1") as collector:
+        port = port_of(collector)
         sock = exporter("::1")
         sock.sendto(b"sflow", ("::1", port))
         received(collector, 1)
@@ -190,12 +242,15 @@ def test_ipv6_exporters_get_a_folder_without_colons(tmp_path):
 
 
 def test_rotation_shows_the_inbox_complete_files_only(tmp_path):
-    inbox, port = tmp_path / "inbox", free_udp_port()
+    inbox = tmp_path / "inbox"
     sent, seen_by_scan = 0, set()
-    with collecting(inbox, listen=[f"127.0.0.1:{port}"], rotate=1, flush=0.05) as collector:
+    with collecting(inbox, rotate=1, flush=0.05) as collector:
+        port = port_of(collector)
         sock = exporter("127.0.0.2")
-        started = time.monotonic()
-        while time.monotonic() - started < 3.2:
+        deadline = time.monotonic() + 60
+        # Until three files are complete (at least two rotations seen while sending), however slow the machine.
+        while len(files_of(inbox).get("127.0.0.2", [])) < 3:
+            assert time.monotonic() < deadline, f"fewer than 3 complete files after 60 s: {files_of(inbox)}"
             for _ in range(20):
                 sock.sendto(struct.pack("!I", sent), ("127.0.0.1", port))
                 sent += 1
@@ -217,8 +272,8 @@ def test_rotation_shows_the_inbox_complete_files_only(tmp_path):
 
 
 def test_the_exporters_setting_names_the_folder(tmp_path):
-    port = free_udp_port()
-    with collecting(tmp_path / "inbox", {"127.0.0.2": "edge-1"}, listen=[f"127.0.0.1:{port}"]) as collector:
+    with collecting(tmp_path / "inbox", {"127.0.0.2": "edge-1"}) as collector:
+        port = port_of(collector)
         exporter("127.0.0.2").sendto(b"named", ("127.0.0.1", port))
         exporter("127.0.0.3").sendto(b"unnamed", ("127.0.0.1", port))
         received(collector, 2)
@@ -258,11 +313,15 @@ def test_recover_keeps_whole_records_cuts_a_torn_one_and_leaves_a_locked_file(tm
 
 # -- the command ------------------------------------------------------------------------------------
 def test_command_counts_in_status_and_metrics_and_exits_0_on_sigterm(tmp_path):
-    inbox, status, port, metrics = tmp_path / "inbox", tmp_path / "status.json", free_udp_port(), free_tcp_port()
-    process = traffic("collect", "--inbox", str(inbox), "--listen", f"127.0.0.1:{port}", "--status", str(status),
-                      "--status-every", "0.2", "--metrics", f"127.0.0.1:{metrics}", "--log-every", "0.5")
+    inbox, status, log = tmp_path / "inbox", tmp_path / "status.json", tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        process, port, metrics = start_command(status, "--inbox", str(inbox), "--listen", "127.0.0.1:{udp}",
+                                               "--status", str(status), "--status-every", "0.2",
+                                               "--metrics", "127.0.0.1:{tcp}", "--log-every", "0.5",
+                                               # files are cut on the clock: an hour, not a minute, so one
+                                               # file per source is all but certain (and not assumed below)
+                                               "--rotate", "3600", stderr=stderr)
     try:
-        wait_for(status.exists, what="the status file")
         a, b = exporter("127.0.0.2"), exporter("127.0.0.3")
         for i in range(30):
             a.sendto(b"a" * 100, ("127.0.0.1", port))
@@ -279,17 +338,22 @@ def test_command_counts_in_status_and_metrics_and_exits_0_on_sigterm(tmp_path):
         assert 'traffic_collect_bytes_total{exporter="127.0.0.3",source="127.0.0.3"} 120.0' in text
         assert f'traffic_collect_kernel_drops_total{{listen="127.0.0.1:{port}"}} 0.0' in text
         assert "traffic_collect_files_written_total 0.0" in text
-        time.sleep(0.6)  # one status line on stderr
+        # A periodic status line on stderr with the counts (the one written at the stop is not it).
+        wait_for(lambda: "collect: 42 datagrams" in log.read_text() and "lately" in log.read_text(),
+                 what="a status line with 42 datagrams on stderr")
     finally:
         process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=30)
+        process.communicate(timeout=30)
+    err = log.read_text()
     assert process.returncode == 0, err
     assert "Traceback" not in err and "datagrams" in err, err
     folders = files_of(inbox)
-    assert {k: len(read_pcap(v[0])) for k, v in folders.items()} == {"127.0.0.2": 30, "127.0.0.3": 12}
+    assert {k: sum(len(read_pcap(path)) for path in v) for k, v in folders.items()} == {"127.0.0.2": 30,
+                                                                                        "127.0.0.3": 12}
     assert not list(inbox.rglob(".*")), "SIGTERM left a file under its hidden name"
     final = json.loads(status.read_text())
-    assert final["files_written"] == 2 and final["open_files"] == [] and final["datagrams"] == 42
+    assert final["files_written"] == sum(map(len, folders.values())) and final["open_files"] == []
+    assert final["datagrams"] == 42
 
 
 @pytest.mark.parametrize("case", ["busy port", "bad address", "bad port", "inbox under a file"])
@@ -328,10 +392,9 @@ def refused_of(status: dict) -> dict:
 
 
 def test_only_allowed_exporters_land_and_every_other_sender_is_counted(tmp_path):
-    port = free_udp_port()
     sent = []
-    with collecting(tmp_path / "inbox", {"127.0.0.3": "named-is-not-allowed"}, listen=[f"127.0.0.1:{port}"],
-                    allow=["127.0.0.2/32"]) as collector:
+    with collecting(tmp_path / "inbox", {"127.0.0.3": "named-is-not-allowed"}, allow=["127.0.0.2/32"]) as collector:
+        port = port_of(collector)
         good, spoofed, other = exporter("127.0.0.2"), exporter("127.0.0.3"), exporter("127.0.0.4")
         for i in range(20):
             good.sendto(struct.pack("!I", i), ("127.0.0.1", port))
@@ -353,8 +416,9 @@ def test_only_allowed_exporters_land_and_every_other_sender_is_counted(tmp_path)
 
 
 def test_three_hundred_spoofed_senders_cost_a_bounded_table(tmp_path):
-    port, senders = free_udp_port(), [f"127.0.{1 + n // 250}.{1 + n % 250}" for n in range(300)]
-    with collecting(tmp_path / "inbox", listen=[f"127.0.0.1:{port}"], allow=["127.0.0.2/32"]) as collector:
+    senders = [f"127.0.{1 + n // 250}.{1 + n % 250}" for n in range(300)]
+    with collecting(tmp_path / "inbox", allow=["127.0.0.2/32"]) as collector:
+        port = port_of(collector)
         good = exporter("127.0.0.2")
         for n, address in enumerate(senders):
             with exporter(address) as sock:
@@ -376,8 +440,8 @@ def test_three_hundred_spoofed_senders_cost_a_bounded_table(tmp_path):
 
 
 def test_an_ipv4_mapped_block_takes_the_ipv4_sender(tmp_path):
-    port = free_udp_port()
-    with collecting(tmp_path / "inbox", listen=[f"127.0.0.1:{port}"], allow=["::ffff:127.0.0.2/128"]) as collector:
+    with collecting(tmp_path / "inbox", allow=["::ffff:127.0.0.2/128"]) as collector:
+        port = port_of(collector)
         exporter("127.0.0.2").sendto(b"mapped", ("127.0.0.1", port))
         exporter("127.0.0.3").sendto(b"not", ("127.0.0.1", port))
         wait_for(lambda: collector.totals()[0] == 1 and collector.refused_totals()[0] == 1, what="both datagrams")
@@ -407,15 +471,15 @@ def test_the_integer_ipv4_test_agrees_with_the_address_rule():
 def test_drain_takes_every_waiting_datagram_also_the_dropped_ones(tmp_path):
     """``drain`` (the demo's in-process collector) used to stop after one batch of 256 when none of it was
     written."""
-    port = free_udp_port()
-    collector = Collector(tmp_path / "inbox", {}, build_options(listen=[f"127.0.0.1:{port}"], log_every=0,
-                                                                 allow=["127.0.0.2/32"]), log=lambda line: None).start()
+    collector = start_on_a_free_port(lambda listen: Collector(tmp_path / "inbox", {}, build_options(
+        listen=listen, log_every=0, allow=["127.0.0.2/32"]), log=lambda line: None))
+    port = port_of(collector)
     try:
-        with exporter("127.0.0.3") as spoofed, exporter("127.0.0.2") as good:
+        # All in the socket's queue (or counted dropped there) when the block ends, however busy the machine.
+        with exporter("127.0.0.3") as spoofed, exporter("127.0.0.2") as good, loopback_delivered():
             for i in range(600):
                 spoofed.sendto(claim(i), ("127.0.0.1", port))
             good.sendto(b"last", ("127.0.0.1", port))
-        time.sleep(0.2)  # loopback delivery is immediate; this is margin
         assert collector.drain() == 1
         assert collector.refused_totals() == (600, 1)
     finally:
@@ -433,13 +497,15 @@ def test_a_listen_other_machines_reach_needs_allowed_exporters_or_allow_any(tmp_
                            ({"allow": ["router"]}, "'router' is not a CIDR network")):
         with pytest.raises(CollectError, match=re.escape(expect)):
             build_options(**kwargs)
-    # In-process too, and before anything is bound: the port stays free.
-    port = free_udp_port()
-    options = CollectOptions(listen=(Endpoint("0.0.0.0", port),))
-    with pytest.raises(CollectError, match="reachable from other machines"):
-        Collector(tmp_path / "inbox", {}, options, log=lambda line: None).start()
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", port))
+    # In-process too, and before anything is bound: the port is held on 127.0.0.1, so binding 0.0.0.0
+    # would fail "in use"; the refusal must come first and leave no socket.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        collector = Collector(tmp_path / "inbox", {}, CollectOptions(listen=(Endpoint("0.0.0.0", busy.getsockname()[1]),)),
+                              log=lambda line: None)
+        with pytest.raises(CollectError, match="reachable from other machines"):
+            collector.start()
+        assert collector.listeners == []
 
 
 def test_command_refuses_a_listen_on_every_address_without_the_list_before_binding(tmp_path):
@@ -457,12 +523,13 @@ def test_command_refuses_a_listen_on_every_address_without_the_list_before_bindi
 
 
 def test_command_with_allow_counts_refused_senders_in_status_log_and_metrics(tmp_path):
-    inbox, status, port, metrics = tmp_path / "inbox", tmp_path / "status.json", free_udp_port(), free_tcp_port()
-    process = traffic("collect", "--inbox", str(inbox), "--listen", f"127.0.0.1:{port}", "--status", str(status),
-                      "--allow", "127.0.0.2/32,192.0.2.0/24", "--rotate", "2s", "--status-every", "0.2",
-                      "--log-every", "1s", "--flush", "0.05", "--metrics", f"127.0.0.1:{metrics}")
+    inbox, status, log = tmp_path / "inbox", tmp_path / "status.json", tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        process, port, metrics = start_command(status, "--inbox", str(inbox), "--listen", "127.0.0.1:{udp}",
+                                               "--status", str(status), "--allow", "127.0.0.2/32,192.0.2.0/24",
+                                               "--rotate", "2s", "--status-every", "0.2", "--log-every", "1s",
+                                               "--flush", "0.05", "--metrics", "127.0.0.1:{tcp}", stderr=stderr)
     try:
-        wait_for(status.exists, what="the status file")
         good, spoofed = exporter("127.0.0.2"), exporter("127.0.0.3")
         for i in range(9):
             good.sendto(struct.pack("!I", i), ("127.0.0.1", port))
@@ -474,10 +541,13 @@ def test_command_with_allow_counts_refused_senders_in_status_log_and_metrics(tmp
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read().decode()
         assert 'traffic_collect_refused_datagrams_total{sender="127.0.0.3"} 7.0' in text, text
         wait_for(lambda: len(files_of(inbox).get("127.0.0.2", [])) >= 1, what="a 2 s rotation")
-        time.sleep(1.2)  # one status line on stderr
+        # A periodic status line on stderr that counts the refused senders (the one at the stop is not it).
+        wait_for(lambda: any("lately" in line and "dropped 7 datagrams of 1 sender(s)" in line
+                             for line in log.read_text().splitlines()), what="a status line with the refused")
     finally:
         process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=30)
+        process.communicate(timeout=30)
+    err = log.read_text()
     assert process.returncode == 0, err
     assert "taking datagrams only from 127.0.0.2/32, 192.0.2.0/24" in err, err
     assert "dropped 7 datagrams of 1 sender(s) not in allowed_exporters" in err, err

@@ -428,15 +428,24 @@ def _replay(datagrams: list[Datagram], port: int, *, pace_every: int = 16, pause
             sender.close()
 
 
-def _replay_delivered(datagrams: list[Datagram], port: int, timeout: float) -> None:
-    """``_replay`` from one CPU, then wait until the kernel has delivered all of it (``_flush_loopback``)."""
+@contextlib.contextmanager
+def loopback_delivered(timeout: float = 30.0) -> Iterator[None]:
+    """Every datagram this thread sends to a loopback address inside the block is in its socket's queue
+    (or counted as dropped there) when the block ends: the thread runs on one CPU meanwhile, and
+    ``_flush_loopback`` waits for the kernel to deliver. Raises TimeoutError after ``timeout``."""
     cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(cpus)})  # this thread only (Linux)
     try:
-        _replay(datagrams, port)
+        yield
         _flush_loopback(timeout)
     finally:
         os.sched_setaffinity(0, cpus)
+
+
+def _replay_delivered(datagrams: list[Datagram], port: int, timeout: float) -> None:
+    """``_replay``, then wait until the kernel has delivered all of it."""
+    with loopback_delivered(timeout):
+        _replay(datagrams, port)
 
 
 def _wait_bound(port: int, process: subprocess.Popen, timeout: float) -> None:
