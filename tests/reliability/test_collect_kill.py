@@ -1,8 +1,10 @@
 """A collector killed with SIGKILL loses nothing it had flushed: the next start completes its file.
 
-The collector runs as its own process (``traffic collect``) on a free 127.0.0.1 port; datagrams
-carry sequence numbers, so "every flushed datagram in a completed file exactly once" is checked
-number by number after the restart.
+The collector runs as its own process (``traffic collect``) on a free 127.0.0.1 port (another one
+if that was taken before the collector bound it); datagrams carry sequence numbers, so "every
+flushed datagram in a completed file exactly once" is checked number by number after the restart.
+Where a test counts datagrams exactly, they are sent in windows the collector has counted before
+the next (``send_counted``): a burst could overflow a receive buffer the kernel capped.
 """
 
 from __future__ import annotations
@@ -38,22 +40,38 @@ def sequence_numbers(path: Path) -> list[int]:
 
 
 class Collector:
-    """``traffic collect`` as a process, with its status file."""
+    """``traffic collect`` as a process on a free port (``port``), with its status file."""
 
-    def __init__(self, inbox: Path, port: int, status: Path, *options: str):
+    def __init__(self, inbox: Path, status: Path, *options: str):
         self.status = status
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "traffic.app.cli", "collect", "--inbox", str(inbox), "--listen", f"127.0.0.1:{port}",
-             "--status", str(status), "--status-every", "0.1", "--flush", "0.1", "--rotate", "3600",
-             "--log-every", "0", *options], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for attempt in range(5):
+            self.port = free_udp_port()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "traffic.app.cli", "collect", "--inbox", str(inbox), "--listen",
+                 f"127.0.0.1:{self.port}", "--status", str(status), "--status-every", "0.1", "--flush", "0.1",
+                 "--rotate", "3600", "--log-every", "0", *options],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if self._started():
+                return
+            _, err = self.process.communicate(timeout=30)
+            if "in use by another program" not in err or attempt == 4:  # the port was taken since the probe
+                raise AssertionError(f"the collector did not start: {err}")
+
+    def _started(self) -> bool:
+        """Whether the collector wrote its status (False: it exited; an error past 60 s)."""
         deadline = time.monotonic() + 60
-        while not (status.exists() and json.loads(status.read_text())["pid"] == self.process.pid):
-            assert self.process.poll() is None, self.process.communicate()
+        while not (self.status.exists() and json.loads(self.status.read_text())["pid"] == self.process.pid):
+            if self.process.poll() is not None:
+                return False
             assert time.monotonic() < deadline, "the collector did not start"
             time.sleep(0.02)
+        return True
 
     def received(self) -> int:
         return json.loads(self.status.read_text())["datagrams"]
+
+    def kernel_drops(self) -> int:
+        return json.loads(self.status.read_text())["kernel_drops"]
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
@@ -73,6 +91,21 @@ def send(port: int, numbers, sender: str = "127.0.0.2") -> None:
             sock.sendto(struct.pack("!I", number) + b"x" * 200, ("127.0.0.1", port))
 
 
+def send_counted(collector: Collector, numbers, window: int = 100) -> None:
+    """Send ``numbers`` in windows of ``window``, each after the collector has counted the one before:
+    a window of ~200-byte datagrams fits any receive buffer the kernel grants (its default is 208 KiB),
+    so none is dropped however slowly the collector is scheduled. Fails on a kernel drop or a lost datagram."""
+    numbers, start = list(numbers), collector.received()
+    for offset in range(0, len(numbers), window):
+        chunk = numbers[offset:offset + window]
+        send(collector.port, chunk)
+        expected = start + offset + len(chunk)
+        wait_for(lambda: collector.received() >= expected or collector.kernel_drops() > 0,
+                 what=f"{expected} datagrams counted by the collector")
+        assert collector.kernel_drops() == 0 and collector.received() == expected, \
+            (collector.kernel_drops(), collector.received(), expected)
+
+
 def wait_for(predicate, timeout=30.0, what="condition"):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -89,11 +122,10 @@ def complete(folder: Path) -> list[Path]:
 
 
 def test_sigkill_after_a_flush_then_restart_keeps_every_datagram_once(tmp_path):
-    inbox, port, status = tmp_path / "inbox", free_udp_port(), tmp_path / "status.json"
+    inbox, status = tmp_path / "inbox", tmp_path / "status.json"
     folder = inbox / "127.0.0.2"
-    first = Collector(inbox, port, status)
-    send(port, range(2000))
-    wait_for(lambda: first.received() == 2000, what="2000 datagrams received")
+    first = Collector(inbox, status)
+    send_counted(first, range(2000))
     wait_for(lambda: hidden(folder) and len(sequence_numbers(hidden(folder)[0])) == 2000, what="the flush")
     first.kill()
     (left,) = hidden(folder)
@@ -101,11 +133,10 @@ def test_sigkill_after_a_flush_then_restart_keeps_every_datagram_once(tmp_path):
     with open(left, "ab") as handle:  # a write torn by the kill: half a record
         handle.write(left.read_bytes()[24:24 + 100])
 
-    second = Collector(inbox, port, status)
+    second = Collector(inbox, status)
     (recovered,) = complete(folder)
     assert recovered.name == left.name[1:]
-    send(port, range(2000, 3000))
-    wait_for(lambda: second.received() == 1000, what="1000 more datagrams")
+    send_counted(second, range(2000, 3000))
     err = second.terminate()
     assert f"completed 127.0.0.2/{recovered.name} left by a stopped collector (2,000 datagrams, a torn last " \
            "record of 100 bytes cut)" in err, err
@@ -116,9 +147,10 @@ def test_sigkill_after_a_flush_then_restart_keeps_every_datagram_once(tmp_path):
 
 
 def test_sigkill_while_receiving_keeps_exactly_what_was_flushed(tmp_path):
-    inbox, port, status = tmp_path / "inbox", free_udp_port(), tmp_path / "status.json"
+    inbox, status = tmp_path / "inbox", tmp_path / "status.json"
     folder = inbox / "127.0.0.2"
-    first = Collector(inbox, port, status)
+    first = Collector(inbox, status)
+    port = first.port
     stop = threading.Event()
 
     def stream():
@@ -140,7 +172,7 @@ def test_sigkill_while_receiving_keeps_exactly_what_was_flushed(tmp_path):
     flushed = sequence_numbers(left)  # what reached the OS before the kill: all of it must survive
     assert len(flushed) >= 1000, len(flushed)
 
-    second = Collector(inbox, port, status)
+    second = Collector(inbox, status)
     second.terminate()
     (recovered,) = complete(folder)
     assert sequence_numbers(recovered) == flushed
@@ -151,9 +183,10 @@ def test_sigkill_while_receiving_keeps_exactly_what_was_flushed(tmp_path):
 def test_sigkill_while_dropping_and_accepting_keeps_every_accepted_datagram(tmp_path):
     """Spoofed senders (127.0.0.3–12, not allowed) interleave with the one allowed exporter: the kill
     loses nothing accepted and flushed, and no refused datagram is in any file."""
-    inbox, port, status = tmp_path / "inbox", free_udp_port(), tmp_path / "status.json"
+    inbox, status = tmp_path / "inbox", tmp_path / "status.json"
     folder = inbox / "127.0.0.2"
-    first = Collector(inbox, port, status, "--allow", "127.0.0.2/32")
+    first = Collector(inbox, status, "--allow", "127.0.0.2/32")
+    port = first.port
     stop = threading.Event()
 
     def stream():
@@ -180,7 +213,7 @@ def test_sigkill_while_dropping_and_accepting_keeps_every_accepted_datagram(tmp_
     flushed = sequence_numbers(left)
     assert len(flushed) >= 1000 and all(n < 10**6 for n in flushed), "a refused datagram was written"
 
-    second = Collector(inbox, port, status, "--allow", "127.0.0.2/32")
+    second = Collector(inbox, status, "--allow", "127.0.0.2/32")
     second.terminate()
     (recovered,) = complete(folder)
     assert sequence_numbers(recovered) == flushed
