@@ -1,7 +1,9 @@
 """The cluster path without Docker: the pipeline on a real Spark standalone master and worker.
 
 A master and one worker (2 cores, 2 GiB) are started with pyspark's own ``bin/spark-class``,
-each in its own process group, on 127.0.0.1 and free ports. Two deliveries of a two-source
+each in its own process group, on 127.0.0.1 and ports they pick themselves (port 0, read back from
+their logs: a port probed free here could be taken by a parallel test before Spark binds it, and
+Spark would then quietly move to the next one). Two deliveries of a two-source
 feed crossing the midnight that ends October then go through the real CLI in its own process
 (``traffic run`` with ``TRAFFIC_SPARK_MASTER=spark://127.0.0.1:<port>``; this process already
 holds the shared local session): the first is ingested, its hours frozen, 2026-10-31 and
@@ -26,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -33,7 +36,6 @@ import sys
 import threading
 import time
 import urllib.request
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -92,13 +94,15 @@ def spark_home() -> Path:
     return Path(importlib.util.find_spec("pyspark").submodule_search_locations[0])
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct free ports on 127.0.0.1 (held together while chosen, so they differ)."""
-    with ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [probe.getsockname()[1] for probe in probes]
+def logged_port(log: Path, pattern: str) -> int | None:
+    """The port a Spark process says it bound (``pattern`` has one group), from its log; None before."""
+    found = re.search(pattern, log.read_text(errors="replace")) if log.exists() else None
+    return int(found.group(1)) if found else None
+
+
+MASTER_PORT = r"Successfully started service 'sparkMaster' on port (\d+)"
+MASTER_UI = r"Bound MasterWebUI to 127\.0\.0\.1, and started at http://[^:]+:(\d+)"
+WORKER_UI = r"Bound WorkerWebUI to 127\.0\.0\.1, and started at http://[^:]+:(\d+)"
 
 
 def get_json(port: int) -> dict:
@@ -124,9 +128,9 @@ class Cluster:
     """A standalone master and one worker, each ``spark-class`` in its own process group."""
 
     root: Path
-    port: int
-    master_ui: int
-    worker_ui: int
+    port: int = 0  # each 0 until the process reports what it bound
+    master_ui: int = 0
+    worker_ui: int = 0
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -210,17 +214,23 @@ def start_cluster(cluster: Cluster) -> None:
     """Master, then worker; each must answer on its JSON API (the worker: registered) or the test fails."""
     cluster.root.mkdir(parents=True, exist_ok=True)
     cluster.start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                             "--port", str(cluster.port), "--webui-port", str(cluster.master_ui)],
+                             "--port", "0", "--webui-port", "0"],
                   # The REST submission server (on by default, at 6066) would accept any local user's job.
                   SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")
     with stopwatch("master up"):
+        cluster.wait_until("master reporting its ports", lambda: logged_port(cluster.log("master"), MASTER_PORT)
+                           and logged_port(cluster.log("master"), MASTER_UI))
+        cluster.port = logged_port(cluster.log("master"), MASTER_PORT)
+        cluster.master_ui = logged_port(cluster.log("master"), MASTER_UI)
         cluster.wait_until("master answering on its JSON API",
                            lambda: get_json(cluster.master_ui)["status"] == "ALIVE")
     cluster.start("worker", ["org.apache.spark.deploy.worker.Worker", cluster.url, "--host", "127.0.0.1",
-                             "--cores", "2", "--memory", "2g", "--webui-port", str(cluster.worker_ui),
+                             "--cores", "2", "--memory", "2g", "--webui-port", "0",
                              "--work-dir", str(cluster.work_dir)],
                   SPARK_LOCAL_DIRS=str(cluster.root / "local"), TZ=EXECUTOR_TZ)
     with stopwatch("worker registered"):
+        cluster.wait_until("worker reporting its web UI port", lambda: logged_port(cluster.log("worker"), WORKER_UI))
+        cluster.worker_ui = logged_port(cluster.log("worker"), WORKER_UI)
         cluster.wait_until("worker registered with the master",
                            lambda: get_json(cluster.master_ui)["aliveworkers"] == 1 and get_json(cluster.worker_ui))
 
@@ -228,7 +238,7 @@ def start_cluster(cluster: Cluster) -> None:
 @pytest.fixture
 def cluster(tmp_path):
     """A running master and worker; stopped afterwards, and their ports checked free, however the test ends."""
-    cluster = Cluster(tmp_path / "cluster", *free_ports(3))
+    cluster = Cluster(tmp_path / "cluster")
     try:
         start_cluster(cluster)
         yield cluster
@@ -236,7 +246,7 @@ def cluster(tmp_path):
         with stopwatch("cluster stopped"):
             left = cluster.stop()
         assert not left, f"left running after the cluster stopped: {left}"
-        busy = [port for port in (cluster.port, cluster.master_ui, cluster.worker_ui) if listening(port)]
+        busy = [port for port in (cluster.port, cluster.master_ui, cluster.worker_ui) if port and listening(port)]
         assert not busy, f"ports still listening after the cluster stopped: {busy}"
 
 
