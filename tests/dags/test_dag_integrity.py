@@ -1,8 +1,10 @@
-"""Every DAG file parses fast, with no top-level I/O or heavy imports, and declares what the contract asks.
+"""Every DAG file parses with no top-level I/O or heavy imports, and declares what the contract asks.
 
-Import cost and side effects are measured in a fresh interpreter per file (Airflow itself is
-imported first, as in the DAG processor, so only the DAG file's own cost is timed); the DAG
-objects are then loaded the way Airflow loads them, with a DagBag over ``dags/``.
+What a parse does is observed in a fresh interpreter per file (Airflow itself is imported first, as
+in the DAG processor, so only the DAG file's own imports and side effects count); the DAG objects are
+then loaded the way Airflow loads them, with a DagBag over ``dags/``. What makes a parse fast is
+asserted here (no heavy module, no I/O); how long it takes is measured by ``bench/timings.py
+--only dag-parse`` (targets: first parse < 2.0 s, a re-parse < 0.5 s), not on busy test workers.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted((ROOT / "dags").glob("*.py"))
 DAG_IDS = {"traffic_ingest", "traffic_hourly", "traffic_replay"}
 HEAVY = ("pyspark", "pandas", "great_expectations", "traffic", "deltalake", "pyarrow")
-MAX_COLD_SECONDS, MAX_WARM_SECONDS = 2.0, 0.5
 
 # Runs in a fresh interpreter: import Airflow's SDK (as the DAG processor has), then run the DAG file
 # twice under an audit hook — the first run includes Airflow's own lazy imports (cold), the second
@@ -95,15 +96,13 @@ def test_there_are_the_three_dags():
 
 
 @pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
-def test_dag_file_imports_fast_without_io_or_heavy_imports(path, airflow_home):
+def test_dag_file_imports_without_io_or_heavy_imports(path, airflow_home):
     # Settings are read when a task runs, never at parse time: bogus ones must not matter here.
     report = _probe(path, airflow_home=airflow_home, TRAFFIC_WAREHOUSE="/nonexistent/warehouse",
                     TRAFFIC_CONFIG="/nonexistent/config.toml")
     heavy = [m for m in report["new_modules"] if m.split(".")[0] in HEAVY]
     assert heavy == [], f"{path.name} imports at top level: {heavy}"
     assert report["io"] == [], f"{path.name} does I/O at parse time: {report['io']}"
-    assert report["cold"] < MAX_COLD_SECONDS, f"{path.name}: first parse took {report['cold']:.3f}s"
-    assert report["warm"] < MAX_WARM_SECONDS, f"{path.name}: a re-parse took {report['warm']:.3f}s"
 
 
 def test_every_dag_declares_docs_tags_retries_and_a_utc_start(dagbag):
