@@ -54,7 +54,20 @@ def pytest_terminal_summary(terminalreporter):
     the run, where `make test` shows them even when each test's own output is captured (and on xdist)."""
     lines = [value for reports in terminalreporter.stats.values() for report in reports
              for key, value in getattr(report, "user_properties", ()) if key == "figure"]
-    if lines:
+    skipped_stack = compose_skips(terminalreporter.stats.get("skipped", []))
+    if lines or skipped_stack:
         terminalreporter.section("figures")
         for line in dict.fromkeys(lines):
             terminalreporter.write_line(line)
+        if skipped_stack:  # (every skip is also listed by -ra; this one drops a whole layer, so it is said loudly)
+            terminalreporter.write_line(skipped_stack, red=True, bold=True)
+
+
+def compose_skips(skipped: list) -> str | None:
+    """A line saying the compose stack's tests did not run, and why, when they were skipped (e.g. not root)."""
+    reasons = [report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+               for report in skipped if report.nodeid.startswith("tests/compose/")]
+    if not reasons:
+        return None
+    why = dict.fromkeys(r.removeprefix("Skipped: ") for r in reasons)
+    return f"compose stack NOT tested: {len(reasons)} tests skipped ({'; '.join(why)})"
