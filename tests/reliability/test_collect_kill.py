@@ -113,6 +113,28 @@ def wait_for(predicate, timeout=30.0, what="condition"):
         time.sleep(0.02)
 
 
+def kill_while_sending(collector: Collector, batch, until, what: str) -> None:
+    """Call ``batch(first number)`` for 50 numbers at a time in the background until ``until()`` holds, then
+    SIGKILL the collector mid-stream and stop sending."""
+    stop = threading.Event()
+
+    def stream():
+        number = 0
+        while not stop.is_set():
+            batch(number)
+            number += 50
+            time.sleep(0.005)
+
+    sender = threading.Thread(target=stream, daemon=True)
+    sender.start()
+    try:
+        wait_for(until, what=what)
+        collector.kill()
+    finally:
+        stop.set()
+        sender.join(timeout=10)
+
+
 def hidden(folder: Path) -> list[Path]:
     return sorted(folder.glob(".*.flows.pcap"))
 
@@ -151,23 +173,11 @@ def test_sigkill_while_receiving_keeps_exactly_what_was_flushed(tmp_path):
     folder = inbox / "127.0.0.2"
     first = Collector(inbox, status)
     port = first.port
-    stop = threading.Event()
 
-    def stream():
-        number = 0
-        while not stop.is_set():
-            send(port, range(number, number + 50))
-            number += 50
-            time.sleep(0.005)
+    def batch(number):
+        send(port, range(number, number + 50))
 
-    sender = threading.Thread(target=stream, daemon=True)
-    sender.start()
-    try:
-        wait_for(lambda: first.received() >= 3000, what="datagrams flowing")
-        first.kill()
-    finally:
-        stop.set()
-        sender.join(timeout=10)
+    kill_while_sending(first, batch, lambda: first.received() >= 3000, "datagrams flowing")
     (left,) = hidden(folder)
     flushed = sequence_numbers(left)  # what reached the OS before the kill: all of it must survive
     assert len(flushed) >= 1000, len(flushed)
@@ -187,25 +197,15 @@ def test_sigkill_while_dropping_and_accepting_keeps_every_accepted_datagram(tmp_
     folder = inbox / "127.0.0.2"
     first = Collector(inbox, status, "--allow", "127.0.0.2/32")
     port = first.port
-    stop = threading.Event()
 
-    def stream():
-        number = 0
-        while not stop.is_set():
-            send(port, range(number, number + 50))
-            send(port, range(10**6 + number, 10**6 + number + 50), f"127.0.0.{3 + (number // 50) % 10}")
-            number += 50
-            time.sleep(0.005)
+    def batch(number):
+        send(port, range(number, number + 50))
+        send(port, range(10**6 + number, 10**6 + number + 50), f"127.0.0.{3 + (number // 50) % 10}")
 
-    sender = threading.Thread(target=stream, daemon=True)
-    sender.start()
-    try:
-        wait_for(lambda: first.received() >= 3000 and json.loads(status.read_text())["refused"]["datagrams"] >= 3000,
-                 what="datagrams accepted and dropped")
-        first.kill()
-    finally:
-        stop.set()
-        sender.join(timeout=10)
+    def both_flowing():
+        return first.received() >= 3000 and json.loads(status.read_text())["refused"]["datagrams"] >= 3000
+
+    kill_while_sending(first, batch, both_flowing, "datagrams accepted and dropped")
     before = json.loads(status.read_text())
     assert set(before["refused"]["senders"]) == {f"127.0.0.{n}" for n in range(3, 13)}, before["refused"]
     assert list(before["exporters"]) == ["127.0.0.2"]
