@@ -1,0 +1,278 @@
+"""`make airflow`'s supervisor (traffic.orchestration.embedded) with fake components: tiny shell and Python children.
+
+A component that exits is said on the console (``exited unexpectedly``) and restarted; one that keeps dying stops
+the whole with a non-zero exit; a Ctrl-C (SIGINT to the process group, as a terminal or the e2e fixture sends it)
+stops every child and what the children started, and exits 0. The supervisor runs as its own process, as
+scripts/airflow.sh execs it, so its signal handling is the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from traffic.orchestration import embedded
+from traffic.orchestration.embedded import PostgresFolder, Refused
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DRIVER = """
+import json, sys
+from pathlib import Path
+from traffic.orchestration.embedded import PostgresFolder, Supervisor
+spec = json.loads(sys.argv[1])
+folder = PostgresFolder(Path(spec["pgdata"])) if spec.get("pgdata") else None
+sys.exit(Supervisor([tuple(c) for c in spec["components"]], setup=[tuple(c) for c in spec.get("setup", [])],
+                    postgres=folder, grace=spec.get("grace", 5), restarts=spec.get("restarts", 3)).run())
+"""
+
+
+class Supervised:
+    """The supervisor started like scripts/airflow.sh leaves it: its own session, output to a file."""
+
+    def __init__(self, folder: Path, components, **spec):
+        self.folder, self.log = folder, folder / "supervisor.log"
+        spec = {"components": components, **spec}
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(spec)], cwd=folder,
+                                            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+                                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, needle: str, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        while needle not in (text := self.text()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{needle!r} not in the supervisor's output after {timeout} s:\n{text}")
+            if self.process.poll() is not None:
+                raise AssertionError(f"the supervisor exited ({self.process.returncode}) before {needle!r}:\n{text}")
+            time.sleep(0.05)
+        return text
+
+    def ctrl_c(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+        return self.wait(timeout)
+
+    def wait(self, timeout: float = 30) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"the supervisor did not exit within {timeout} s:\n{self.text()}") from None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@pytest.fixture
+def supervised(tmp_path):
+    started = []
+
+    def start(components, **spec):
+        started.append(Supervised(tmp_path, components, **spec))
+        return started[-1]
+
+    yield start
+    for one in started:
+        one.kill()
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended; whoever adopted it may not have reaped it yet
+
+
+def pid_in(path: Path, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} was not written"
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def gone(pids, timeout: float = 10) -> list[int]:
+    """The pids still running after ``timeout`` s (polled): [] when all ended."""
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def sleeper(name: str) -> tuple[str, list[str]]:
+    return name, ["sh", "-c", f'echo $$ > {name}.pid; echo "{name} up"; exec sleep 600']
+
+
+def test_a_component_that_exits_is_said_restarted_and_counted(supervised, tmp_path):
+    flaky = ("flaky", ["sh", "-c", 'if [ -e once ]; then echo $$ > flaky.pid; echo "flaky again"; exec sleep 600; fi; '
+                                   'touch once; echo "flaky dies"; exit 3'])
+    run = supervised([sleeper("steady"), flaky])
+    text = run.wait_for("flaky again")
+    assert "flaky         | flaky dies" in text, text  # each line of a component under its name
+    assert "[airflow] flaky exited unexpectedly (code 3): restarting it (1 of 3 in 10 min)" in text, text
+    assert text.count("exited unexpectedly") == 1, text
+    pids = [pid_in(tmp_path / "steady.pid"), pid_in(tmp_path / "flaky.pid")]
+    assert run.ctrl_c() == 0, run.text()
+    assert gone(pids) == [], run.text()
+    assert run.text().count("exited unexpectedly") == 1, run.text()
+
+
+def test_a_component_that_keeps_dying_stops_the_whole_with_a_non_zero_exit(supervised, tmp_path):
+    run = supervised([sleeper("steady"), ("doomed", ["sh", "-c", "echo doomed starts; exit 1"])])
+    steady = pid_in(tmp_path / "steady.pid")
+    code = run.wait()
+    text = run.text()
+    assert code == 1, text
+    for count in (1, 2, 3):
+        assert f"doomed exited unexpectedly (code 1): restarting it ({count} of 3 in 10 min)" in text, text
+    assert "doomed exited unexpectedly (code 1), 4 times in 10 min (at most 3 restarts): stopping everything" in text, text
+    assert text.count("doomed        | doomed starts") == 4, text  # started once, restarted three times
+    assert gone([steady]) == [], f"the steady component outlived the stop:\n{text}"
+
+
+def test_ctrl_c_stops_every_child_and_what_they_started_and_exits_0(supervised, tmp_path):
+    # One child ignores SIGTERM (it is killed after the grace) and leaves a grandchild; neither may outlive the stop.
+    stubborn = ("stubborn", [sys.executable, "-c", (
+        "import os, signal, subprocess, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = subprocess.Popen(['sleep', '600'])\n"
+        "open('grandchild.pid', 'w').write(str(child.pid))\n"
+        "open('stubborn.pid', 'w').write(str(os.getpid()))\n"
+        "print('stubborn up', flush=True)\n"
+        "time.sleep(600)\n")])
+    run = supervised([sleeper("steady"), stubborn], grace=1)
+    run.wait_for("stubborn up")
+    run.wait_for("steady up")
+    pids = [pid_in(tmp_path / name) for name in ("steady.pid", "stubborn.pid", "grandchild.pid")]
+    clock = time.monotonic()
+    assert run.ctrl_c() == 0, run.text()
+    text = run.text()
+    assert time.monotonic() - clock < 10, text
+    assert "[airflow] stopping (SIGINT): steady, stubborn" in text, text
+    assert "[airflow] stubborn did not stop within 1 s: killing it" in text, text
+    assert "exited unexpectedly" not in text, text
+    assert text.rstrip().endswith("[airflow] stopped"), text
+    assert gone(pids, timeout=2) == [], text
+
+
+def test_sigterm_stops_it_too(supervised, tmp_path):
+    run = supervised([sleeper("steady")])
+    steady = pid_in(tmp_path / "steady.pid")
+    os.kill(run.process.pid, signal.SIGTERM)  # the supervisor alone, not its group
+    assert run.wait() == 0, run.text()
+    assert "stopping (SIGTERM)" in run.text() and "exited unexpectedly" not in run.text()
+    assert gone([steady]) == []
+
+
+def test_a_killed_component_is_restarted_and_what_it_left_is_stopped(supervised, tmp_path):
+    # Like a scheduler SIGKILLed: its executor's workers are orphans (adopted by the supervisor) and are stopped.
+    worker_owner = ("scheduler", [sys.executable, "-c", (
+        "import os, subprocess, sys, time\n"
+        "run = len([p for p in os.listdir('.') if p.startswith('scheduler.')])\n"
+        "worker = subprocess.Popen(['sleep', '600'])\n"
+        "open(f'worker.{run}', 'w').write(str(worker.pid))\n"
+        "open(f'scheduler.{run}', 'w').write(str(os.getpid()))\n"
+        "print(f'scheduler run {run}', flush=True)\n"
+        "time.sleep(600)\n")])
+    run = supervised([sleeper("api"), worker_owner])
+    run.wait_for("scheduler run 0")
+    first, worker = pid_in(tmp_path / "scheduler.0"), pid_in(tmp_path / "worker.0")
+    os.kill(first, signal.SIGKILL)
+    text = run.wait_for("scheduler run 1")
+    assert "[airflow] scheduler exited unexpectedly (killed by SIGKILL): restarting it (1 of 3 in 10 min)" in text, text
+    assert gone([worker]) == [], "the killed scheduler's worker is still running"
+    second = [pid_in(tmp_path / "scheduler.1"), pid_in(tmp_path / "worker.1")]
+    assert alive(second[0]) and alive(second[1])
+    assert run.ctrl_c() == 0, run.text()
+    assert gone(second) == [], run.text()
+
+
+def test_setup_runs_before_the_components_and_its_failure_stops_everything(supervised, tmp_path):
+    migrate = ("db-migrate", ["sh", "-c", "echo migrating; sleep 0.3; touch migrated"])
+    checks = ("api", ["sh", "-c", "test -e migrated && echo 'saw the migration'; exec sleep 600"])
+    run = supervised([checks], setup=[migrate])
+    text = run.wait_for("saw the migration")
+    assert text.index("db-migrate    | migrating") < text.index("api           | saw the migration"), text
+    assert run.ctrl_c() == 0
+
+    (tmp_path / "supervisor.log").unlink()
+    failing = supervised([sleeper("api")], setup=[("db-migrate", ["sh", "-c", "echo broken >&2; exit 4"])])
+    assert failing.wait() == 1, failing.text()
+    text = failing.text()
+    assert "db-migrate    | broken" in text and "failed (code 4): stopping" in text, text
+    assert "api up" not in text and not (tmp_path / "api.pid").exists(), text
+
+
+# -- the PostgreSQL folder, without a server ---------------------------------------------------------------
+
+def test_the_url_uses_psycopg2_the_socket_folder_and_a_quoted_password(tmp_path):
+    folder = PostgresFolder(tmp_path / "pg")
+    folder.root.mkdir()
+    folder.password_file.write_text("a/b+c%d\n")
+    assert folder.url() == f"postgresql+psycopg2://airflow:a%2Fb%2Bc%25d@/airflow?host={tmp_path}/pg/run"
+    from sqlalchemy.engine import make_url  # Airflow's own parser reads it back as written
+
+    url = make_url(folder.url())
+    assert (url.drivername, url.username, url.password, url.database, url.query["host"]) == \
+        ("postgresql+psycopg2", "airflow", "a/b+c%d", "airflow", f"{tmp_path}/pg/run")
+    assert folder.socket == tmp_path / "pg" / "run" / ".s.PGSQL.5432"
+
+
+def test_a_socket_path_too_long_is_refused_in_one_line(tmp_path):
+    deep = tmp_path / ("x" * (embedded.SOCKET_PATH_MAX - len(str(tmp_path))))
+    with pytest.raises(Refused) as refused:
+        embedded.prepare(deep)
+    message = str(refused.value)
+    assert "\n" not in message and "TRAFFIC_AIRFLOW_PGDATA" in message and "107" in message, message
+    assert not deep.exists()  # refused before anything was made
+    fits = tmp_path / "pg"
+    assert len(os.fsencode(PostgresFolder(fits).socket)) <= embedded.SOCKET_PATH_MAX
+
+
+def test_a_folder_holding_other_files_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    before = tmp_path.stat()
+    with pytest.raises(Refused, match="holds other files"):
+        embedded.prepare(tmp_path)
+    after = tmp_path.stat()
+    assert (after.st_mode, after.st_uid) == (before.st_mode, before.st_uid)  # not taken over
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_the_server_ready_line_of_postmaster_pid(tmp_path):
+    folder = PostgresFolder(tmp_path)
+    folder.data.mkdir()
+    assert not folder.server_ready()
+    lines = ["123", str(folder.data), "1700000000", "5432", str(folder.sockets), "", "0 0", "starting"]
+    (folder.data / "postmaster.pid").write_text("\n".join(lines) + "\n")
+    assert not folder.server_ready()
+    (folder.data / "postmaster.pid").write_text("\n".join([*lines[:7], "ready   "]) + "\n")
+    assert folder.server_ready()
+
+
+def test_exit_descriptions():
+    assert embedded._describe(3) == "code 3"
+    assert embedded._describe(-signal.SIGKILL) == "killed by SIGKILL"
+
+
+def test_only_debians_server_folders_count(tmp_path):
+    for version in ("15", "16", "devel"):
+        (tmp_path / version / "bin").mkdir(parents=True)
+        (tmp_path / version / "bin" / "postgres").write_text("")
+    (tmp_path / "17" / "bin").mkdir(parents=True)  # the client only
+    assert embedded.installed_servers(tmp_path) == {"15": tmp_path / "15" / "bin", "16": tmp_path / "16" / "bin"}
