@@ -110,18 +110,43 @@ def _until(args):
     return parse_time("--until", args.until)
 
 
+def close_facts(result) -> dict:
+    """What a close did, as ``traffic close --report`` writes it (JSON: ISO times, dates, months as YYYY-MM)."""
+    hours = result.hours_frozen
+    return {"hours_frozen": len(hours), "first_hour_frozen": hours[0].isoformat() if hours else None,
+            "last_hour_frozen": hours[-1].isoformat() if hours else None,
+            "days_rolled": [day.isoformat() for day in result.days_rolled],
+            "months_rolled": [f"{month:%Y-%m}" for month in result.months_rolled],
+            "bills_stored": list(result.bills_stored), "expired_hours": result.expired_hours,
+            "watermark": result.watermark.isoformat() if result.watermark else None, "failed": list(result.failed)}
+
+
+def write_report(path: str, result) -> None:
+    """``--report``: the close's facts written to a file beside ``path`` then renamed onto it, so a reader
+    finds the whole report or none (the hourly DAG reads it to say what its step did)."""
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(close_facts(result), indent=1) + "\n")
+    os.replace(temporary, target)
+
+
 def _close_and_print(args, settings, spark, until, only=None) -> int:
     """Run a close and print what it did; a failed critical check is re-raised (exit 3) after printing."""
     from traffic.accounting.close import CheckFailed  # deferred: per command (see the docstring)
     from traffic.app.runs import close  # deferred: per command (see the docstring)
 
+    report = getattr(args, "report", None)
     try:
         result = close(settings, spark, until, progress, only=only)
     except CheckFailed as error:
         if error.result is not None:
             print_close(error.result)
+            if report:
+                write_report(report, error.result)
         raise
     print_close(result)
+    if report:
+        write_report(report, result)
     print_timings(args, "close", result, spark)
     return EXIT_CHECK if result.failed else 0
 
@@ -481,6 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
     close = sub.add_parser("close", parents=[common, timed], help="freeze closed hours, roll up days/months, expire")
     close.add_argument("--until", help="stop at this hour (ISO time): freeze hours ending by then")
     close.add_argument("--only", help="comma-separated steps to run: freeze, days, months, expire (default all)")
+    close.add_argument("--report", metavar="FILE", help="also write what the close did (hours frozen, days and "
+                       "months rolled up, hours expired) to FILE as JSON, atomically (the hourly DAG reads it)")
     run = sub.add_parser("run", parents=[common, timed], help="ingest then close: one tick")
     run.add_argument("--until", help="as for close")
     status = sub.add_parser("status", parents=[common], help="watermark, clocks, open hours, last closed periods")
