@@ -3,6 +3,11 @@
 Airflow's sensors and short-circuits call these: has the watermark passed this interval's
 end? Is this hour already final? Is there anything new in the inbox? Each answers in well
 under a second, so a run with nothing to do finishes in seconds.
+
+Whether a step of the hourly close is due (freeze, a day, a month) is not asked here: a check
+made before the warehouse lock is held can be stale when the step runs (another run of a
+backfill got there first), so the close decides under the lock with the close's own planner
+(``traffic.orchestration.dag_support.decide_close``).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from traffic.storage import state as st
-from traffic.core.periods import PUBLISHED, closed_hours, days_due, months_due, starts
+from traffic.core.periods import closed_hours, starts
 from traffic.storage.delta import Warehouse
 from traffic.core.settings import Settings
 from traffic.storage.journal import pending_batch
@@ -52,21 +57,6 @@ def hours_final_until(settings: Settings, interval_end: datetime) -> bool:
     return all(hour in frozen for hour in closed_hours(state.first_hour, None, interval_end))
 
 
-def day_waiting(settings: Settings, interval_end: datetime) -> bool:
-    """True when a closed day (ending by ``interval_end``) can be rolled up and has not been (catch-up).
-
-    The close's own rule (``periods.days_due``): a day whose hours are not all published waits,
-    so a failed hour no longer makes every hourly run submit a roll-up that then does nothing.
-    """
-    warehouse = warehouse_if_any(settings)
-    if warehouse is None:
-        return False
-    state = st.read_clock_state(warehouse)
-    ledger = st.read_ledger(warehouse, columns=st.LEDGER_STATUS)
-    return bool(days_due(state.first_hour, state.watermark, starts(ledger, "day"),
-                         starts(ledger, "hour", PUBLISHED), interval_end))
-
-
 def inbox_has_new_files(settings: Settings) -> bool:
     """True when the inbox holds a file no batch has handled (or a batch is waiting to be finished)."""
     from traffic.io import inbox as inbox_mod  # deferred: the inbox's readers import pandas, which no close check needs
@@ -78,16 +68,3 @@ def inbox_has_new_files(settings: Settings) -> bool:
     if warehouse is None:
         return bool(found)
     return bool(inbox_mod.unhandled(found, st.known_files(warehouse)))
-
-
-def month_waiting(settings: Settings, interval_end: datetime) -> bool:
-    """True when a closed month (ending by ``interval_end``) can be rolled up and has not been: the
-    close's own rule (``periods.months_due``), so a month with an unpublished day waits here too."""
-    warehouse = warehouse_if_any(settings)
-    if warehouse is None:
-        return False
-    state = st.read_clock_state(warehouse)
-    ledger = st.read_ledger(warehouse, columns=st.LEDGER_STATUS)
-    days = starts(ledger, "day")
-    return bool(months_due(state.first_hour, state.watermark, days, starts(ledger, "month"),
-                           days - starts(ledger, "day", PUBLISHED), interval_end))

@@ -1,21 +1,26 @@
 """What the Airflow DAGs' task callables call: JVM-free checks, expiry, the data-quality verdict.
 
 The DAG files only declare; each callable imports this module inside the task, so parsing a
-DAG never imports the library. Nothing here imports pyspark: every check reads the small
-state tables with Arrow (``traffic.orchestration.conditions``), and expiry with the ``rs`` engine only
-removes files from the Delta log, so a run with nothing to freeze finishes in seconds.
+DAG never imports the library. Nothing here starts a JVM: every check reads the small state
+tables with Arrow (``traffic.orchestration.conditions``), the hourly close decides its steps with
+the close's own planner through delta-rs (``decide_close``, under the warehouse lock), and expiry
+with the ``rs`` engine only removes files from the Delta log, so a run with nothing to freeze
+finishes in seconds. Spark work runs as a job: a client of the warm server, or spark-submit.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
+import tempfile
 from collections import deque
-from datetime import datetime, timedelta, timezone
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 UTC = timezone.utc
 log = logging.getLogger(__name__)
@@ -161,20 +166,46 @@ def run_spark_step(task, submit: Callable[[], Any]) -> Any:
 CLOSE_JOB = Path(__file__).resolve().parents[2] / "jobs" / "close.py"
 
 
+class StepRun(NamedTuple):
+    """One step of an hourly close run as a Spark job: how it ran, and what its job reports it did."""
+
+    spark: str  # "warm server" or "spark-submit"
+    report: dict  # the job's ``--report`` (``traffic.app.cli.close_facts``): hours frozen, days, months, expiry
+
+
+def read_report(path: Path, step: str) -> dict:
+    """The facts ``jobs/close.py --report`` wrote; a job that succeeded without writing them is an error."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RuntimeError(f"jobs/close.py --only {step} finished but wrote no report to {path} (its driver must "
+                           "run on this worker: a warm server's client, or spark-submit in client mode)") from None
+
+
 class CloseSteps:
     """Runs steps of ``jobs/close.py`` as Spark: a client of the warm server while one answers, else
     spark-submit (the quick-starting JVM, as for every hourly close). Which is decided at the first
-    step and said once in the task log; a run with nothing to freeze or roll up starts neither."""
+    step and said once in the task log; a run with nothing to freeze or roll up starts neither.
+
+    Each step returns what its job did, not what was expected of it: the job writes its own
+    ``--report`` into a temporary folder of the worker, where its driver runs (a child process
+    that is the warm server's client, or spark-submit's driver in client mode)."""
 
     def __init__(self, settings):
         self.settings = settings
         self._warm: tuple[str, str] | None | bool = False  # False: not decided yet
 
-    def __call__(self, step: str, bound: list[str]) -> str:
-        """``close.py <bound> --only <step>``; returns how it ran ("warm server" or "spark-submit")."""
+    def __call__(self, step: str, bound: list[str]) -> StepRun:
+        """``close.py <bound> --only <step> --report <file>``; how it ran and what it reported."""
+        with tempfile.TemporaryDirectory(prefix="traffic-close-") as folder:
+            report = Path(folder) / "report.json"
+            how = self.run([*bound, "--only", step, "--report", str(report)], step)
+            return StepRun(how, read_report(report, step))
+
+    def run(self, args: list[str], step: str) -> str:
+        """``close.py args`` as Spark; returns how it ran ("warm server" or "spark-submit")."""
         if self._warm is False:
             self._warm = _spark_way(self.settings)
-        args = [*bound, "--only", step]
         if self._warm:
             _on_warm_server(self._warm, str(CLOSE_JOB), args, spark_submit_env(), step)
             return "warm server"
@@ -190,15 +221,150 @@ class CloseSteps:
         return "spark-submit"
 
 
-def close_interval(interval_end: Any, run_type: Any, spark: Callable[[str, list[str]], str] | None = None) -> dict:
+@dataclass
+class CloseDecision:
+    """What each step of an hourly close finds to do at this moment, decided under the warehouse lock by
+    ``plan_close``, the planner the job itself runs (so never a guess made before the lock is held)."""
+
+    hours: list[datetime] = field(default_factory=list)  # to freeze, up to the interval end
+    days: list[date] = field(default_factory=list)  # to roll up, as ``--only days`` plans them
+    months: list[datetime] = field(default_factory=list)  # likewise ``--only months``
+    rolled_days: set[datetime] = field(default_factory=set)  # days with a ledger row: rolled up already
+    rolled_months: set[datetime] = field(default_factory=set)
+    first_hour: datetime | None = None
+    planned: bool = True  # False: a table is missing (an older warehouse); each step's job creates it and decides
+
+    def due(self, step: str) -> bool:
+        return not self.planned or bool({"freeze": self.hours, "days": self.days, "months": self.months}[step])
+
+
+def decide_close(settings, end: datetime) -> CloseDecision:
+    """Plan the close up to ``end`` under the warehouse lock, as ``traffic close --until end`` does, and let it go.
+
+    Reads only (delta-rs in the worker, no JVM). The lock is released before any Spark job starts,
+    and that job takes it again and plans again: a step found due here may be found done when its
+    job runs (another run of a backfill got there first); the job's report says so.
+    """
+    from traffic.accounting.close import plan_close, restrict  # deferred: DAG parsing stays light
+    from traffic.core.periods import starts  # deferred: DAG parsing stays light
+    from traffic.storage import schemas, state as st  # deferred: DAG parsing stays light
+    from traffic.storage.delta import Warehouse  # deferred: DAG parsing stays light
+    from traffic.storage.journal import warehouse_lock  # deferred: DAG parsing stays light
+
+    warehouse = Warehouse(settings, engine="rs")
+    if not warehouse.exists():
+        return CloseDecision()  # no data yet: nothing to close
+    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(),
+                        "the traffic_hourly close task (deciding)"):
+        if not all(warehouse.table(name).exists() for name in schemas.TABLES):
+            return CloseDecision(planned=False)
+        plan = plan_close(settings, warehouse, end)
+        ledger = st.read_ledger(warehouse, columns=["grain", "period_start"])
+        first_hour = st.read_clock_state(warehouse).first_hour
+    # restrict rebinds fields of the plan it is given: each step gets its own copy
+    return CloseDecision(hours=plan.hours, days=restrict(replace(plan), ("days",)).days,
+                         months=restrict(replace(plan), ("months",)).months, rolled_days=starts(ledger, "day"),
+                         rolled_months=starts(ledger, "month"), first_hour=first_hour)
+
+
+class _RollUp(NamedTuple):
+    """How the close task records one roll-up step (``days`` or ``months``)."""
+
+    grain: str  # its XCom key: "day" or "month" (the periods listed under "days" / "months")
+    flag: str  # the grid's flag: true only when this run's job rolled one up
+    reported: str  # the job report's list of what it rolled up
+    label: Callable[[Any], str]  # a period as the report names it: 2026-11-20, 2026-11
+    rolled: Callable[["CloseDecision"], set]  # the periods with a ledger row, in a decision
+    on_time: Callable[[datetime], datetime | None]  # the period an interval ending then closes, if any
+
+
+def _at_midnight(end: datetime) -> bool:
+    return (end.hour, end.minute, end.second, end.microsecond) == (0, 0, 0, 0)
+
+
+_ROLL_UPS = {
+    "days": _RollUp("day", "rolled_up_day", "days_rolled",
+                    lambda start: (start.date() if isinstance(start, datetime) else start).isoformat(),
+                    lambda decision: decision.rolled_days,
+                    lambda end: end - timedelta(days=1) if _at_midnight(end) else None),
+    "months": _RollUp("month", "rolled_up_month", "months_rolled", lambda start: f"{start:%Y-%m}",
+                      lambda decision: decision.rolled_months,
+                      lambda end: (end - timedelta(days=1)).replace(day=1) if _at_midnight(end) and end.day == 1
+                      else None),
+}
+
+
+def freeze_outcome(before: CloseDecision, report: dict | None) -> dict:
+    """What this run's freeze did: ``froze`` (its job froze hours), ``already_frozen`` (hours found due under
+    the lock were final when its job ran: another run froze them meanwhile) or ``not_due`` (nothing to freeze)."""
+    if report is not None and report["hours_frozen"]:
+        return {"outcome": "froze", "hours": report["hours_frozen"], "first": report["first_hour_frozen"],
+                "last": report["last_hour_frozen"]}
+    if report is not None and before.hours:
+        return {"outcome": "already_frozen", "hours": len(before.hours), "first": before.hours[0].isoformat(),
+                "last": before.hours[-1].isoformat()}
+    return {"outcome": "not_due", "hours": 0}
+
+
+def roll_up_outcome(step: str, end: datetime, before: CloseDecision, report: dict | None,
+                    after: CloseDecision) -> dict:
+    """What this run's roll-up step (``days`` or ``months``) did, from its job's report and the ledger after it.
+
+    ``rolled_up``: its job rolled periods up (named). ``already_rolled_up``: the periods it found due were
+    rolled up when its job ran, or (no job) the period its interval closes on time — the day of a midnight
+    run, the month of a month's first midnight — has a ledger row already: another run, or an earlier try,
+    rolled it up. ``waiting``: that period (or one found due) is not rolled up: not all its parts are frozen
+    and published. ``not_due``: nothing to roll up.
+    """
+    kind = _ROLL_UPS[step]
+    listed, label = f"{kind.grain}s", kind.label
+    planned = [label(p) for p in (before.days if step == "days" else before.months)]
+    done = {label(start) for start in kind.rolled(after)}
+    if report is not None and report[kind.reported]:
+        outcome = {"outcome": "rolled_up", listed: list(report[kind.reported])}
+        others = [p for p in planned if p not in report[kind.reported] and p in done]
+        return {**outcome, "already": others} if others else outcome
+    if report is not None and planned:
+        already = [p for p in planned if p in done]
+        return {"outcome": "already_rolled_up", listed: already} if already else \
+            {"outcome": "waiting", listed: planned}
+    own = kind.on_time(end)
+    if own is not None and after.first_hour is not None and end > after.first_hour:
+        return {"outcome": "already_rolled_up" if label(own) in done else "waiting", listed: [label(own)]}
+    return {"outcome": "not_due", listed: []}
+
+
+def _said(step: str, outcome: dict) -> str:
+    """An outcome in words, for the task log."""
+    if step == "freeze":
+        if outcome["outcome"] == "froze":
+            return f"froze {outcome['hours']} hour(s) {outcome['first']} … {outcome['last']}"
+        if outcome["outcome"] == "already_frozen":
+            return f"found its {outcome['hours']} hour(s) to freeze frozen by another run meanwhile"
+        return "nothing to freeze"
+    grain = _ROLL_UPS[step].grain
+    periods = ", ".join(outcome[f"{grain}s"])
+    said = {"rolled_up": f"rolled up {grain} {periods}",
+            "already_rolled_up": f"found {grain} {periods} already rolled up (by another run or an earlier try)",
+            "waiting": f"{grain} {periods} waits (not all its parts are frozen and published)",
+            "not_due": f"no {grain} due"}[outcome["outcome"]]
+    if outcome.get("already"):
+        said += f" (and found {', '.join(outcome['already'])} already rolled up by another run)"
+    return said
+
+
+def close_interval(interval_end: Any, run_type: Any, spark: Callable[[str, list[str]], StepRun] | None = None) -> dict:
     """The hourly DAG's ``close`` task: every step of an hour's close in one task process (each task costs
     Airflow about half a second to start, and most runs of a backfill only re-check).
 
-    In order, each step only when its check (Arrow, no JVM) says so: freeze (skipped when every hour
-    up to the interval end is final; a backfill run freezes every hour the watermark has closed), roll up
-    the day (midnight UTC, or a closed day waiting) and the month (likewise), expire raw detail; and,
-    whatever happened before, send the alerts not sent yet. Returns the run's summary (its XCom: the
-    grid's record of whether this run froze, rolled up a day or month, and how Spark ran).
+    In order: freeze (a backfill run freezes every hour the watermark has closed), roll up days, roll up
+    months, expire raw detail; and, whatever happened before, send the alerts not sent yet. Whether a
+    step is due is decided under the warehouse lock by ``plan_close`` at the moment the step comes
+    (``decide_close``); a step found due runs its Spark job, which takes the lock again and reports what
+    it did. So of two overlapping runs of a backfill, the one whose job first holds the lock rolls a day
+    up and the other finds it rolled up. Returns the run's summary (its XCom: the grid's record of what
+    this run did — ``froze``, ``rolled_up_day``, ``rolled_up_month`` are true only when this run's job did
+    it; ``freeze``, ``day``, ``month`` give each step's outcome; ``spark``: how Spark ran, if it did).
     """
     settings = settings_from_env()
     end = as_utc(interval_end)
@@ -208,24 +374,37 @@ def close_interval(interval_end: Any, run_type: Any, spark: Callable[[str, list[
     summary: dict[str, Any] = {"interval_end": end.isoformat(), "froze": False, "rolled_up_day": False,
                                "rolled_up_month": False, "spark": None}
     try:
-        if freeze_needed(end):
+        decision = decide_close(settings, end)
+        report = None
+        if decision.due("freeze"):
+            log.info("freeze: %s (decided under the warehouse lock)", f"{len(decision.hours)} hour(s) up to "
+                     f"{_fmt(end)} are not final" if decision.planned else "a table is missing: the job decides")
             say_freeze_bound(run_type, end)
-            summary["spark"] = spark("freeze", [] if run_type == "backfill" else until)
-            summary["froze"] = True
-        if day_closes(end):
-            summary["spark"] = spark("days", until)
-            summary["rolled_up_day"] = True
-        if month_closes(end):
-            summary["spark"] = spark("months", until)
-            summary["rolled_up_month"] = True
+            run = spark("freeze", [] if run_type == "backfill" else until)
+            summary["spark"], report = run.spark, run.report
+        summary["freeze"] = freeze_outcome(decision, report)
+        summary["froze"] = summary["freeze"]["outcome"] == "froze"
+        log.info("freeze: %s", _said("freeze", summary["freeze"]))
+        if report is not None:
+            decision = decide_close(settings, end)
+        for step, kind in _ROLL_UPS.items():
+            before, report = decision, None
+            if decision.due(step):
+                planned = decision.days if step == "days" else decision.months
+                log.info("%s: due (decided under the warehouse lock): %s", step, ", ".join(map(kind.label, planned))
+                         if decision.planned else "a table is missing: the job decides")
+                run = spark(step, until)
+                summary["spark"], report = run.spark, run.report
+                decision = decide_close(settings, end)  # what the ledger holds now: the outcome's evidence
+            summary[kind.grain] = roll_up_outcome(step, end, before, report, decision)
+            summary[kind.flag] = summary[kind.grain]["outcome"] == "rolled_up"
+            log.info("%s: %s", step, _said(step, summary[kind.grain]))
         summary["expire"] = expire_raw_detail(end, spark)
     finally:
         summary["alerts"] = notify_alerts()  # alerts of the hours published so far, even if a step failed
-    done = [said for said, key in (("froze", "froze"), ("rolled up the day", "rolled_up_day"),
-                                   ("rolled up the month", "rolled_up_month")) if summary[key]]
-    log.info("close of the interval ending %s: %s (Spark: %s); expiry %s", _fmt(end),
-             ", ".join(done) or "nothing to freeze or roll up, re-checked only", summary["spark"] or "not started",
-             summary["expire"])
+    log.info("close of the interval ending %s: %s (Spark: %s); expiry %s", _fmt(end), "; ".join(
+        _said(step, summary[key]) for step, key in (("freeze", "freeze"), ("days", "day"), ("months", "month"))),
+        summary["spark"] or "not started", summary["expire"])
     return summary
 
 
@@ -262,52 +441,6 @@ def _first_hour(settings) -> datetime | None:
     return st.read_clock_state(warehouse).first_hour if warehouse is not None else None
 
 
-def freeze_needed(interval_end: Any) -> bool:
-    """Short-circuit: False when every hour up to ``interval_end`` is already final (no Spark job)."""
-    from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
-
-    settings, end = settings_from_env(), as_utc(interval_end)
-    if _first_hour(settings) is None:
-        log.info("no packet yet (only clock ticks, or nothing): there is no hour to freeze")
-        return False
-    final = orchestration.hours_final_until(settings, end)
-    log.info("hours up to %s %s", _fmt(end), "are already final: nothing to freeze" if final else "need freezing")
-    return not final
-
-
-def day_closes(interval_end: Any) -> bool:
-    """Gate of the day roll-up: the interval ends at midnight UTC, or a closed day is still waiting."""
-    from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
-
-    end = as_utc(interval_end)
-    if (end.hour, end.minute, end.second, end.microsecond) == (0, 0, 0, 0):
-        log.info("the interval ends at midnight UTC: %s closes", (end - timedelta(days=1)).date())
-        return True
-    waiting = orchestration.day_waiting(settings_from_env(), end)
-    log.info("not a day change; %s", "a closed day is waiting to be rolled up (catch-up)" if waiting
-             else "no closed day is waiting: skip")
-    return waiting
-
-
-def month_waiting(settings, interval_end: datetime) -> bool:
-    """True when a closed month (ending by ``interval_end``) whose last day is rolled up has no roll-up yet."""
-    from traffic.orchestration import conditions  # deferred: DAG parsing stays light
-
-    return conditions.month_waiting(settings, interval_end)
-
-
-def month_closes(interval_end: Any) -> bool:
-    """Gate of the month roll-up: the interval ends at the first midnight of a month, or a month is waiting."""
-    end = as_utc(interval_end)
-    if (end.day, end.hour, end.minute, end.second, end.microsecond) == (1, 0, 0, 0, 0):
-        log.info("the interval ends at the start of %s: the previous month closes", end.strftime("%Y-%m"))
-        return True
-    waiting = month_waiting(settings_from_env(), end)
-    log.info("not a month change; %s", "a closed month is waiting to be rolled up (catch-up)" if waiting
-             else "no closed month is waiting: skip")
-    return waiting
-
-
 def inbox_has_new_files() -> bool:
     """Short-circuit of the micro-batch: anything new in the inbox (or an interrupted batch to finish)?"""
     from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
@@ -320,7 +453,7 @@ def inbox_has_new_files() -> bool:
 
 # -- expiry without a JVM ---------------------------------------------------------------------
 
-def expire_raw_detail(interval_end: Any, spark: Callable[[str, list[str]], str] | None = None) -> dict:
+def expire_raw_detail(interval_end: Any, spark: Callable[[str, list[str]], StepRun] | None = None) -> dict:
     """``traffic close --only expire --until <end>``, without a JVM in the worker.
 
     ``traffic.accounting.close.close`` asks for a session before running any non-empty plan, but expiry
@@ -345,8 +478,8 @@ def expire_raw_detail(interval_end: Any, spark: Callable[[str, list[str]], str] 
                 "watermark": result.watermark.isoformat() if result.watermark else None}
     log.info("expiry needs Spark here (%s): jobs/close.py --only expire",
              "an interrupted batch is waiting" if pending else "spark engine")
-    (spark or CloseSteps(settings))("expire", ["--until", end.isoformat()])
-    return {"expired_hours": None, "spark_started": True, "watermark": None}
+    report = (spark or CloseSteps(settings))("expire", ["--until", end.isoformat()]).report
+    return {"expired_hours": report["expired_hours"], "spark_started": True, "watermark": report["watermark"]}
 
 
 # -- publish the data-quality outcome ------------------------------------------------------------
