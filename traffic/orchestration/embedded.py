@@ -12,7 +12,9 @@ it, ``airflow db migrate``, then the API server, the scheduler, the DAG processo
 (the latter two without their log servers, which Airflow 3.3 binds to every interface). A component
 that exits is said on the console and restarted, at most ``RESTARTS`` times in ``WINDOW`` seconds, then
 everything stops with a non-zero exit; PostgreSQL exiting stops everything. SIGINT (Ctrl-C), SIGTERM or
-SIGHUP stops the components (SIGTERM, SIGKILL after ``STOP_GRACE`` s), then PostgreSQL, and exits 0.
+SIGHUP stops the components (SIGINT to each one's process group as a terminal's Ctrl-C would, SIGTERM to
+what still runs after ``SECOND_SIGNAL`` s, SIGKILL after ``STOP_GRACE`` s; the API server last, as running
+tasks report to it), then PostgreSQL, and exits 0.
 """
 
 from __future__ import annotations
@@ -44,9 +46,12 @@ PORT = 5432
 SOCKET_PATH_MAX = 107
 #: A component that exits more than RESTARTS times within WINDOW seconds stops the whole.
 RESTARTS, WINDOW = 3, 600.0
-#: Seconds a component has to stop after SIGTERM, then PostgreSQL after SIGINT (fast shutdown): both
-#: within the 20 s after which a Ctrl-C'd caller (the e2e fixture) SIGKILLs what is left.
-STOP_GRACE, POSTGRES_GRACE = 15.0, 4.0
+#: Seconds the components have to stop, then PostgreSQL after SIGINT (fast shutdown): both within the 20 s
+#: after which a Ctrl-C'd caller (the e2e fixture) SIGKILLs what is left. The scheduler waits for its
+#: running tasks after one signal; a second one, SECOND_SIGNAL s later, ends that wait.
+STOP_GRACE, POSTGRES_GRACE, SECOND_SIGNAL = 15.0, 4.0, 5.0
+#: Stopped after the others: tasks that finish while the scheduler stops report to the API server.
+STOP_LAST = ("api-server",)
 READY_TIMEOUT = 60.0
 
 MIGRATE = ("db-migrate", ("airflow", "db", "migrate"))
@@ -411,12 +416,14 @@ class Supervisor:
                  setup: Sequence[tuple[str, Sequence[str]]] = (MIGRATE,),
                  postgres: PostgresFolder | None = None, env: Mapping[str, str] | None = None,
                  restarts: int = RESTARTS, window: float = WINDOW, grace: float = STOP_GRACE,
-                 postgres_grace: float = POSTGRES_GRACE, out: TextIO | None = None):
+                 postgres_grace: float = POSTGRES_GRACE, second_signal: float = SECOND_SIGNAL,
+                 stop_last: Sequence[str] = STOP_LAST, out: TextIO | None = None):
         self.components = [Child(name, list(argv)) for name, argv in components]
         self.setup = [Child(name, list(argv)) for name, argv in setup]
         self.postgres = postgres
         self.env = dict(os.environ if env is None else env)
         self.restarts, self.window, self.grace, self.postgres_grace = restarts, window, grace, postgres_grace
+        self.second_signal, self.stop_last = second_signal, tuple(stop_last)
         self.out = out or sys.stdout
         self.server: Child | None = None
         self.one_shot: Child | None = None
@@ -492,8 +499,8 @@ class Supervisor:
     # -- children -------------------------------------------------------------------------------------
 
     def spawn(self, child: Child, **popen) -> None:
-        """Start ``child`` in a process group of its own: a Ctrl-C reaches this supervisor alone, which stops each
-        child with one signal (Airflow's components take a second one as "exit now, leave your tasks")."""
+        """Start ``child`` in a process group of its own: a Ctrl-C reaches this supervisor alone, which stops the
+        children in order (the API server last), not all at once."""
         popen.setdefault("env", self.env)
         popen.setdefault("preexec_fn", _die_with_parent(signal.SIGTERM))
         child.process = subprocess.Popen(child.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -642,15 +649,9 @@ class Supervisor:
         self.say(f"stopping{' (' + self.stopping + ')' if self.stopping else ''}: "
                  + (", ".join(c.name for c in running) or "no component running")
                  + (", then PostgreSQL" if self.server and self.server.alive() else ""))
-        _signal([c.process.pid for c in running], signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        while any(c.alive() for c in running) and time.monotonic() < deadline:
-            self.pump(0.2)
-        for child in running:
-            if child.alive():
-                self.say(f"{child.name} did not stop within {self.grace:g} s: killing it")
-                _signal([child.process.pid, *descendants(child.process.pid)], signal.SIGKILL)
-                child.process.wait()
+        begun = time.monotonic()
+        self._stop([c for c in running if c.name not in self.stop_last], begun, begun + self.grace * 0.8)
+        self._stop([c for c in running if c.name in self.stop_last], begun, begun + self.grace)
         self._kill_leftovers()
         if self.server is not None and self.server.alive():
             _signal([self.server.process.pid], signal.SIGINT)
@@ -665,6 +666,28 @@ class Supervisor:
         self.drain()
         self.say("stopped" + ("" if code == 0 else f" (exit {code})"))
         return code
+
+    def _stop(self, children: list[Child], begun: float, deadline: float) -> None:
+        """SIGINT to each child's process group, as a Ctrl-C in a terminal (Airflow's subprocesses, its triggerer's
+        runner say, stop on their own at once, not after their parent's escalation of 5-10 s); SIGTERM to what
+        still runs ``second_signal`` s later; SIGKILL to it and all below it at ``deadline``."""
+        for child in children:
+            try:  # its group cannot be another's while it is not reaped: it leads it
+                os.killpg(child.process.pid, signal.SIGINT)
+            except (ProcessLookupError, PermissionError):
+                pass
+        again = time.monotonic() + self.second_signal
+        while (running := [c for c in children if c.alive()]) and time.monotonic() < deadline:
+            if time.monotonic() > again:
+                self.say(f"{', '.join(c.name for c in running)} still running after {self.second_signal:g} s: "
+                         "SIGTERM (the scheduler stops waiting for its tasks at a second signal)")
+                _signal([c.process.pid for c in running], signal.SIGTERM)
+                again = float("inf")
+            self.pump(0.2)
+        for child in running:
+            self.say(f"{child.name} did not stop within {deadline - begun:g} s: killing it")
+            _signal([child.process.pid, *descendants(child.process.pid)], signal.SIGKILL)
+            child.process.wait()
 
     def _kill_leftovers(self) -> None:
         """SIGKILL to whatever the stopped components left; waits (at most 5 s) until it is gone."""
