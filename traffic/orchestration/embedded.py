@@ -13,8 +13,8 @@ it, ``airflow db migrate``, then the API server, the scheduler, the DAG processo
 that exits is said on the console and restarted, at most ``RESTARTS`` times in ``WINDOW`` seconds, then
 everything stops with a non-zero exit; PostgreSQL exiting stops everything. SIGINT (Ctrl-C), SIGTERM or
 SIGHUP stops the components (SIGINT to each one's process group as a terminal's Ctrl-C would, SIGTERM to
-what still runs after ``SECOND_SIGNAL`` s, SIGKILL after ``STOP_GRACE`` s; the API server last, as running
-tasks report to it), then PostgreSQL, and exits 0.
+what still runs after ``SECOND_SIGNAL`` s, SIGKILL after ``STOP_GRACE`` s; the API server once the scheduler
+has exited, as tasks finishing meanwhile report to it), then PostgreSQL, and exits 0.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ RESTARTS, WINDOW = 3, 600.0
 #: after which a Ctrl-C'd caller (the e2e fixture) SIGKILLs what is left. The scheduler waits for its
 #: running tasks after one signal; a second one, SECOND_SIGNAL s later, ends that wait.
 STOP_GRACE, POSTGRES_GRACE, SECOND_SIGNAL = 15.0, 4.0, 5.0
-#: Stopped after the others: tasks that finish while the scheduler stops report to the API server.
-STOP_LAST = ("api-server",)
+#: Stopped once these have exited: tasks that finish while the scheduler stops report to the API server.
+STOP_AFTER = {"api-server": ("scheduler",)}
 READY_TIMEOUT = 60.0
 
 MIGRATE = ("db-migrate", ("airflow", "db", "migrate"))
@@ -417,13 +417,13 @@ class Supervisor:
                  postgres: PostgresFolder | None = None, env: Mapping[str, str] | None = None,
                  restarts: int = RESTARTS, window: float = WINDOW, grace: float = STOP_GRACE,
                  postgres_grace: float = POSTGRES_GRACE, second_signal: float = SECOND_SIGNAL,
-                 stop_last: Sequence[str] = STOP_LAST, out: TextIO | None = None):
+                 stop_after: Mapping[str, Sequence[str]] = STOP_AFTER, out: TextIO | None = None):
         self.components = [Child(name, list(argv)) for name, argv in components]
         self.setup = [Child(name, list(argv)) for name, argv in setup]
         self.postgres = postgres
         self.env = dict(os.environ if env is None else env)
         self.restarts, self.window, self.grace, self.postgres_grace = restarts, window, grace, postgres_grace
-        self.second_signal, self.stop_last = second_signal, tuple(stop_last)
+        self.second_signal, self.stop_after = second_signal, {k: tuple(v) for k, v in stop_after.items()}
         self.out = out or sys.stdout
         self.server: Child | None = None
         self.one_shot: Child | None = None
@@ -649,9 +649,7 @@ class Supervisor:
         self.say(f"stopping{' (' + self.stopping + ')' if self.stopping else ''}: "
                  + (", ".join(c.name for c in running) or "no component running")
                  + (", then PostgreSQL" if self.server and self.server.alive() else ""))
-        begun = time.monotonic()
-        self._stop([c for c in running if c.name not in self.stop_last], begun, begun + self.grace * 0.8)
-        self._stop([c for c in running if c.name in self.stop_last], begun, begun + self.grace)
+        self._stop(running)
         self._kill_leftovers()
         if self.server is not None and self.server.alive():
             _signal([self.server.process.pid], signal.SIGINT)
@@ -667,25 +665,31 @@ class Supervisor:
         self.say("stopped" + ("" if code == 0 else f" (exit {code})"))
         return code
 
-    def _stop(self, children: list[Child], begun: float, deadline: float) -> None:
-        """SIGINT to each child's process group, as a Ctrl-C in a terminal (Airflow's subprocesses, its triggerer's
-        runner say, stop on their own at once, not after their parent's escalation of 5-10 s); SIGTERM to what
-        still runs ``second_signal`` s later; SIGKILL to it and all below it at ``deadline``."""
-        for child in children:
-            try:  # its group cannot be another's while it is not reaped: it leads it
-                os.killpg(child.process.pid, signal.SIGINT)
-            except (ProcessLookupError, PermissionError):
-                pass
-        again = time.monotonic() + self.second_signal
+    def _stop(self, children: list[Child]) -> None:
+        """Each child, once those it is stopped after have exited (``stop_after``): SIGINT to its process group, as a
+        terminal's Ctrl-C (Airflow's subprocesses, the triggerer's runner say, stop on their own at once, not after
+        their parent's escalation of 5-10 s); SIGTERM to it ``second_signal`` s later if it still runs; SIGKILL to
+        it and all below it ``grace`` s after the stop began."""
+        begun = time.monotonic()
+        deadline, signalled, again = begun + self.grace, {}, set()
         while (running := [c for c in children if c.alive()]) and time.monotonic() < deadline:
-            if time.monotonic() > again:
-                self.say(f"{', '.join(c.name for c in running)} still running after {self.second_signal:g} s: "
-                         "SIGTERM (the scheduler stops waiting for its tasks at a second signal)")
-                _signal([c.process.pid for c in running], signal.SIGTERM)
-                again = float("inf")
+            names = {c.name for c in running}
+            for child in running:
+                if child.name not in signalled and not names & set(self.stop_after.get(child.name, ())):
+                    try:  # its group cannot be another's while it is not reaped: it leads it
+                        os.killpg(child.process.pid, signal.SIGINT)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                    signalled[child.name] = time.monotonic()
+                elif child.name in signalled and child.name not in again \
+                        and time.monotonic() - signalled[child.name] > self.second_signal:
+                    self.say(f"{child.name} still running {self.second_signal:g} s after SIGINT: SIGTERM"
+                             + (" (the scheduler stops waiting for its tasks)" if child.name == "scheduler" else ""))
+                    _signal([child.process.pid], signal.SIGTERM)
+                    again.add(child.name)
             self.pump(0.2)
         for child in running:
-            self.say(f"{child.name} did not stop within {deadline - begun:g} s: killing it")
+            self.say(f"{child.name} did not stop within {self.grace:g} s: killing it")
             _signal([child.process.pid, *descendants(child.process.pid)], signal.SIGKILL)
             child.process.wait()
 
