@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# `make airflow`: the embedded Airflow for this project — `airflow standalone` (scheduler, DAG
-# processor, API server + UI, triggerer) on SQLite with the LocalExecutor, bound to 127.0.0.1,
-# state in ./airflow-home, DAGs from ./dags. Ctrl-C stops every component.
+# `make airflow`: the embedded Airflow for this project — the API server + UI, scheduler, DAG processor
+# and triggerer with the LocalExecutor, bound to 127.0.0.1, their metadata in a PostgreSQL server of
+# their own (Unix socket only, in airflow-home/postgres), state in ./airflow-home, DAGs from ./dags,
+# all started, watched and stopped by traffic/orchestration/embedded.py: a component that exits is
+# said on the console and restarted (more than 3 times in 10 min: everything stops). Ctrl-C stops all.
 #
 # Everything can be overridden from the environment: AIRFLOW_HOME, AIRFLOW__API__PORT (8080),
 # AIRFLOW__CORE__PARALLELISM (4), AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME (0.1),
 # TRAFFIC_WAREHOUSE (./warehouse), TRAFFIC_INBOX (./inbox),
 # any other TRAFFIC_* setting (passed through to every Spark job), TRAFFIC_SPARK_CONNECT (auto: a warm
 # Spark Connect server for the warehouse, started here and stopped with Airflow; "": none), and
-# TRAFFIC_AIRFLOW_UNPAUSE (DAGs to unpause once they are parsed; default: all three).
+# TRAFFIC_AIRFLOW_UNPAUSE (DAGs to unpause once they are parsed; default: all three),
+# TRAFFIC_AIRFLOW_PGDATA (the PostgreSQL folder; default $AIRFLOW_HOME/postgres), TRAFFIC_AIRFLOW_DB
+# (postgres; sqlite only when asked for: a backfill created while the scheduler works can crash it) and
+# AIRFLOW__DATABASE__SQL_ALCHEMY_CONN (an existing database, used as it is: no local server then).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -16,11 +21,8 @@ root=$PWD
 export AIRFLOW_HOME=${AIRFLOW_HOME:-$root/airflow-home}
 mkdir -p "$AIRFLOW_HOME"
 AIRFLOW_HOME=$(cd "$AIRFLOW_HOME" && pwd)
-# airflow standalone starts its components as `airflow …`, and spark-submit must be this venv's.
-# scripts/standalone/airflow is that `airflow`, but its scheduler and triggerer start no log server
-# (Airflow 3.3 binds those to every interface, with no setting to change it; the API server reads
-# the logs from the log folder here): 127.0.0.1 is the only address anything listens on.
-export PATH="$root/scripts/standalone:$root/.venv/bin:$PATH"
+# The supervisor starts the components as `airflow …`, and tasks run `spark-submit`: both this venv's.
+export PATH="$root/.venv/bin:$PATH"
 
 port=${AIRFLOW__API__PORT:-8080}
 url="http://127.0.0.1:$port"
@@ -64,6 +66,35 @@ chmod 600 "$passwords" "$AIRFLOW_HOME/jwt_secret"
 AIRFLOW__API_AUTH__JWT_SECRET=$(cat "$AIRFLOW_HOME/jwt_secret")
 export AIRFLOW__API_AUTH__JWT_SECRET
 
+# Airflow's metadata: a PostgreSQL server of its own (installed from Debian's packages if missing,
+# initialised once in TRAFFIC_AIRFLOW_PGDATA, Unix socket only, a generated password kept owner-only),
+# started and stopped with Airflow by the supervisor; SQLite only when asked for; a database the user
+# names (AIRFLOW__DATABASE__SQL_ALCHEMY_CONN) as it is.
+pgdata=()
+if [ -n "${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-}" ]; then
+  metadata="the database AIRFLOW__DATABASE__SQL_ALCHEMY_CONN names (no local server started)"
+else
+  case "${TRAFFIC_AIRFLOW_DB:-postgres}" in
+    postgres)
+      TRAFFIC_AIRFLOW_PGDATA=$(realpath -m "${TRAFFIC_AIRFLOW_PGDATA:-$AIRFLOW_HOME/postgres}")
+      export TRAFFIC_AIRFLOW_PGDATA
+      socket=$(.venv/bin/python -m traffic.orchestration.embedded prepare --pgdata "$TRAFFIC_AIRFLOW_PGDATA")
+      pgdata=(--pgdata "$TRAFFIC_AIRFLOW_PGDATA")
+      metadata="PostgreSQL (socket $socket, no TCP)"
+      ;;
+    sqlite)
+      export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$AIRFLOW_HOME/airflow.db"
+      metadata="SQLite ($AIRFLOW_HOME/airflow.db) — backfills can crash it"
+      echo "warning: TRAFFIC_AIRFLOW_DB=sqlite: a backfill created while the scheduler works can crash the" \
+        "scheduler on SQLite (ObjectDeletedError), and then nothing runs; the default is PostgreSQL" >&2
+      ;;
+    *)
+      echo "error: TRAFFIC_AIRFLOW_DB must be postgres or sqlite, not '$TRAFFIC_AIRFLOW_DB'" >&2
+      exit 2
+      ;;
+  esac
+fi
+
 # The warm Spark: the DAGs' Spark steps run as clients of the warehouse's Spark Connect server
 # (`traffic spark start`, 127.0.0.1, its own token), so an hourly close starts no JVM; a watcher in
 # the background stops it once Airflow has stopped (exec below keeps this shell's pid).
@@ -83,6 +114,7 @@ echo " log in as    admin / $password   (password file: $passwords)"
 echo " warehouse    $TRAFFIC_WAREHOUSE"
 echo " inbox        $TRAFFIC_INBOX   (drop files in inbox/<source>/)"
 echo " warm Spark   $warm"
+echo " metadata     $metadata"
 echo " stop         Ctrl-C"
 echo "------------------------------------------------------------------------------"
 
@@ -133,9 +165,9 @@ while time.monotonic() < deadline:
         sys.exit(0)
 PY
 
-# exec: airflow standalone replaces this shell in the foreground, so Ctrl-C (SIGINT) reaches it
-# directly and it stops its components cleanly. Started in the background (`make airflow &`,
-# nohup, a CI step) a shell ignores SIGINT and cannot un-ignore it, and a Python started with
-# SIGINT ignored never raises KeyboardInterrupt: the default handler is restored before exec.
+# exec: the supervisor replaces this shell in the foreground (same pid: the helpers above watch it), so
+# Ctrl-C (SIGINT) reaches it, and it stops the components (each in a process group of its own), then
+# PostgreSQL. Started in the background (`make airflow &`, nohup, a CI step) a shell ignores SIGINT and
+# cannot un-ignore it, and what it starts would inherit that: SIGINT is restored to its default first.
 exec .venv/bin/python -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
-  airflow standalone
+  .venv/bin/python -m traffic.orchestration.embedded run "${pgdata[@]}"
