@@ -3,7 +3,8 @@
 The real `scripts/airflow.sh` (the ``airflow`` fixture): once the scheduler and the triggerer
 run, every listening TCP socket of its processes is bound to a loopback address (Airflow 3.3's
 log servers would listen on every interface; they are not started), the API server's among
-them; the password file and the JWT signing key are 0600.
+them, and its PostgreSQL (every process of it) listens on no TCP port at all; the password file,
+the JWT signing key and PostgreSQL's password file are 0600.
 """
 
 from __future__ import annotations
@@ -73,6 +74,19 @@ def _airflow_processes(home: Path) -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _session(int(p.name)) in sessions]
 
 
+def _server_processes(data: Path) -> list[int]:
+    """Every process of the PostgreSQL server on ``data`` (the postmaster and each backend, which has a
+    session of its own, work in that folder)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.path.samefile(proc / "cwd", data):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
 def _command(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -92,11 +106,14 @@ def test_only_loopback_listens_and_the_secrets_are_the_owners(airflow):
     # Watched, not slept through: every listener any of its processes holds at any look during the window
     # in which a log server would bind (it starts with the scheduler and the triggerer), so one that binds
     # late in the window, or binds and goes, is seen too; the first look beyond loopback fails at once.
+    pgdata = Path(airflow.env.get("TRAFFIC_AIRFLOW_PGDATA") or airflow.home / "postgres")
+    servers = _server_processes(pgdata / "data")
+    assert servers, f"no PostgreSQL server runs on {pgdata / 'data'}"
     ours: dict = {}
     window = time.monotonic() + 20
     while time.monotonic() < window:
         listening = _listening()
-        for pid in _airflow_processes(airflow.home):
+        for pid in _airflow_processes(airflow.home) + _server_processes(pgdata / "data"):
             for inode in _socket_inodes(pid) & set(listening):
                 ours[listening[inode]] = _command(pid)
         exposed = {where: command for where, command in ours.items()
@@ -105,6 +122,8 @@ def test_only_loopback_listens_and_the_secrets_are_the_owners(airflow):
         time.sleep(0.25)
     port = int(airflow.url.rsplit(":", 1)[1])
     assert ("127.0.0.1", port) in ours, f"the API server is not among the listeners: {ours}"
+    database = {where: command for where, command in ours.items() if "/bin/postgres" in command}
+    assert not database, f"PostgreSQL listens on TCP: {database}"
 
-    for secret in (airflow.home / "passwords.json", airflow.home / "jwt_secret"):
+    for secret in (airflow.home / "passwords.json", airflow.home / "jwt_secret", pgdata / "password"):
         assert secret.stat().st_mode & 0o777 == 0o600, f"{secret}: {secret.stat().st_mode & 0o777:o}"
