@@ -313,3 +313,33 @@ def test_only_debians_server_folders_count(tmp_path):
         (tmp_path / version / "bin" / "postgres").write_text("")
     (tmp_path / "17" / "bin").mkdir(parents=True)  # the client only
     assert embedded.installed_servers(tmp_path) == {"15": tmp_path / "15" / "bin", "16": tmp_path / "16" / "bin"}
+
+
+def test_a_missing_server_is_installed_only_by_root_and_otherwise_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(embedded, "installed_servers", lambda: {})
+    monkeypatch.setattr(embedded.os, "geteuid", lambda: 1000)
+    with pytest.raises(Refused) as refused:
+        embedded.server_bin(PostgresFolder(tmp_path / "pg"), sys.stderr)
+    assert "sudo apt-get install -y postgresql" in str(refused.value) and "\n" not in str(refused.value)
+
+    ran = []
+    monkeypatch.setattr(embedded.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(embedded.shutil, "which", lambda name: "/usr/bin/apt-get")
+    monkeypatch.setattr(embedded.subprocess, "run", lambda argv, **kw: ran.append((argv, kw["env"]["DEBIAN_FRONTEND"]))
+                        or subprocess.CompletedProcess(argv, 100))
+    with pytest.raises(Refused, match=r"could not install PostgreSQL's server \(apt-get install -y postgresql: code 100"):
+        embedded.server_bin(PostgresFolder(tmp_path / "pg"), open(os.devnull, "w"))
+    assert [argv for argv, _ in ran] == [["apt-get", "install", "-y", "-q", "postgresql"], ["apt-get", "update", "-q"],
+                                         ["apt-get", "install", "-y", "-q", "postgresql"]]
+    assert {frontend for _, frontend in ran} == {"noninteractive"}
+
+
+def test_a_cluster_of_another_major_version_is_refused(tmp_path, monkeypatch):
+    folder = PostgresFolder(tmp_path / "pg")
+    folder.data.mkdir(parents=True)
+    (folder.data / "PG_VERSION").write_text("14\n")
+    monkeypatch.setattr(embedded, "installed_servers", lambda: {"15": Path("/usr/lib/postgresql/15/bin")})
+    with pytest.raises(Refused, match="is PostgreSQL 14, whose server is not installed .installed: 15.: install postgresql-14"):
+        embedded.server_bin(folder, sys.stderr)
+    (folder.data / "PG_VERSION").write_text("15\n")
+    assert embedded.server_bin(folder, sys.stderr) == Path("/usr/lib/postgresql/15/bin")
