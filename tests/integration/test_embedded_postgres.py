@@ -160,7 +160,8 @@ def test_a_second_start_reuses_the_cluster_a_killed_supervisor_leaves_no_server_
 
 def test_the_server_dying_stops_everything_with_a_non_zero_exit(base):
     folder = embedded.prepare(base / "pg", io.StringIO())
-    run = Supervised(base, [CLIENT, ("idle", ["sh", "-c", "echo $$ > idle.pid; exec sleep 600"])], pgdata=str(folder.root))
+    waiting = ("idle", ["sh", "-c", "echo $$ > idle.pid; exec sleep 600"])
+    run = Supervised(base, [CLIENT, waiting], pgdata=str(folder.root))
     run.wait_for(CONNECTED)
     idle = int((base / "idle.pid").read_text())
     postmaster = int((folder.data / "postmaster.pid").read_text().split()[0])
@@ -179,5 +180,6 @@ def test_a_folder_the_server_user_cannot_reach_is_refused_in_one_line(base):
     with pytest.raises(Refused) as refused:
         embedded.prepare(closed / "pg", io.StringIO())
     message = str(refused.value)
-    assert "\n" not in message and "TRAFFIC_AIRFLOW_PGDATA" in message and f"({closed} is closed to it)" in message, message
+    assert "\n" not in message and "TRAFFIC_AIRFLOW_PGDATA" in message, message
+    assert f"({closed} is closed to it)" in message, message
     assert not (closed / "pg" / "data").exists()

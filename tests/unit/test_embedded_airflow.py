@@ -141,7 +141,8 @@ def test_a_component_that_keeps_dying_stops_the_whole_with_a_non_zero_exit(super
     assert code == 1, text
     for count in (1, 2, 3):
         assert f"doomed exited unexpectedly (code 1): restarting it ({count} of 3 in 10 min)" in text, text
-    assert "doomed exited unexpectedly (code 1), 4 times in 10 min (at most 3 restarts): stopping everything" in text, text
+    assert ("doomed exited unexpectedly (code 1), 4 times in 10 min (at most 3 restarts): "
+            "stopping everything") in text, text
     assert text.count("doomed        | doomed starts") == 4, text  # started once, restarted three times
     assert gone([steady]) == [], f"the steady component outlived the stop:\n{text}"
 
@@ -327,7 +328,8 @@ def test_a_missing_server_is_installed_only_by_root_and_otherwise_refused_in_one
     monkeypatch.setattr(embedded.shutil, "which", lambda name: "/usr/bin/apt-get")
     monkeypatch.setattr(embedded.subprocess, "run", lambda argv, **kw: ran.append((argv, kw["env"]["DEBIAN_FRONTEND"]))
                         or subprocess.CompletedProcess(argv, 100))
-    with pytest.raises(Refused, match=r"could not install PostgreSQL's server \(apt-get install -y postgresql: code 100"):
+    with pytest.raises(Refused, match=r"could not install PostgreSQL's server \(apt-get install -y postgresql: "
+                                      r"code 100"):
         embedded.server_bin(PostgresFolder(tmp_path / "pg"), open(os.devnull, "w"))
     assert [argv for argv, _ in ran] == [["apt-get", "install", "-y", "-q", "postgresql"], ["apt-get", "update", "-q"],
                                          ["apt-get", "install", "-y", "-q", "postgresql"]]
@@ -339,7 +341,8 @@ def test_a_cluster_of_another_major_version_is_refused(tmp_path, monkeypatch):
     folder.data.mkdir(parents=True)
     (folder.data / "PG_VERSION").write_text("14\n")
     monkeypatch.setattr(embedded, "installed_servers", lambda: {"15": Path("/usr/lib/postgresql/15/bin")})
-    with pytest.raises(Refused, match="is PostgreSQL 14, whose server is not installed .installed: 15.: install postgresql-14"):
+    with pytest.raises(Refused, match="is PostgreSQL 14, whose server is not installed .installed: 15.: "
+                                      "install postgresql-14"):
         embedded.server_bin(folder, sys.stderr)
     (folder.data / "PG_VERSION").write_text("15\n")
     assert embedded.server_bin(folder, sys.stderr) == Path("/usr/lib/postgresql/15/bin")

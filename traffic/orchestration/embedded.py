@@ -1,15 +1,16 @@
 """`make airflow`'s supervisor: Airflow's components and the PostgreSQL server of their metadata, run as one.
 
-    python -m traffic.orchestration.embedded prepare --pgdata DIR   # install (root) and initialise; prints the socket folder
-    python -m traffic.orchestration.embedded url --pgdata DIR       # the SQLAlchemy URL of its database (for `airflow` commands)
-    python -m traffic.orchestration.embedded run [--pgdata DIR]     # what scripts/airflow.sh execs: start, watch, stop
+    python -m traffic.orchestration.embedded prepare --pgdata DIR  # install (root), initialise; print the socket folder
+    python -m traffic.orchestration.embedded url --pgdata DIR      # its database's SQLAlchemy URL (`airflow` commands)
+    python -m traffic.orchestration.embedded run [--pgdata DIR]    # what scripts/airflow.sh execs: start, watch, stop
 
 ``airflow standalone`` kept the metadata in SQLite, where a backfill created while the scheduler works
 can crash the scheduler (``ObjectDeletedError``), and it never noticed a component that died: nothing
 ran again and nobody was told. Here a PostgreSQL server from Debian's packages keeps the metadata in a
 folder of the project (Unix socket only, a generated password, owner-only), and a supervisor starts
 it, ``airflow db migrate``, then the API server, the scheduler, the DAG processor and the triggerer
-(the latter two without their log servers, which Airflow 3.3 binds to every interface). A component
+(the scheduler and the triggerer without their log servers, which Airflow 3.3 binds to every interface,
+with no setting to change it; the API server reads the logs from the log folder). A component
 that exits is said on the console and restarted, at most ``RESTARTS`` times in ``WINDOW`` seconds, then
 everything stops with a non-zero exit; PostgreSQL exiting stops everything. SIGINT (Ctrl-C), SIGTERM or
 SIGHUP stops the components (SIGINT to each one's process group as a terminal's Ctrl-C would, SIGTERM to
@@ -214,14 +215,15 @@ def install_server(log: TextIO) -> None:
                       "PostgreSQL's server (postgres, initdb under /usr/lib/postgresql/<version>/bin)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "-q", "postgresql"]
-    print("[airflow] installing PostgreSQL's server for Airflow's metadata: apt-get install -y postgresql", file=log, flush=True)
+    print("[airflow] installing PostgreSQL's server for Airflow's metadata: apt-get install -y postgresql",
+          file=log, flush=True)
     done = subprocess.run(install, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     if done.returncode != 0:  # a fresh machine has no package lists yet
         subprocess.run(["apt-get", "update", "-q"], env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         done = subprocess.run(install, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     if done.returncode != 0 or not installed_servers():
-        raise Refused(f"could not install PostgreSQL's server (apt-get install -y postgresql: {_describe(done.returncode)}, "
-                      "its output is above)")
+        raise Refused("could not install PostgreSQL's server (apt-get install -y postgresql: "
+                      f"{_describe(done.returncode)}, its output is above)")
 
 
 def server_bin(folder: PostgresFolder, log: TextIO) -> Path:
@@ -234,9 +236,9 @@ def server_bin(folder: PostgresFolder, log: TextIO) -> Path:
     if wanted is None:
         return servers[max(servers, key=int)]
     if wanted not in servers:
-        raise Refused(f"the cluster in {folder.data} is PostgreSQL {wanted}, whose server is not installed (installed: "
-                      f"{', '.join(sorted(servers, key=int))}): install postgresql-{wanted} or set TRAFFIC_AIRFLOW_PGDATA "
-                      "to another folder")
+        raise Refused(f"the cluster in {folder.data} is PostgreSQL {wanted}, whose server is not installed "
+                      f"(installed: {', '.join(sorted(servers, key=int))}): install postgresql-{wanted} or set "
+                      "TRAFFIC_AIRFLOW_PGDATA to another folder")
     return servers[wanted]
 
 
@@ -276,9 +278,10 @@ def prepare(root: Path, log: TextIO = sys.stderr) -> PostgresFolder:
 
     Idempotent: a second call reuses the cluster and its password."""
     folder = PostgresFolder(root.resolve())
-    if folder.root.is_dir() and any(folder.root.iterdir()) and not (folder.password_file.exists() or folder.data.exists()):
-        raise Refused(f"{folder.root} holds other files and no PostgreSQL of `make airflow`: set TRAFFIC_AIRFLOW_PGDATA "
-                      "to a new or empty folder")
+    ours = folder.password_file.exists() or folder.data.exists()
+    if folder.root.is_dir() and any(folder.root.iterdir()) and not ours:
+        raise Refused(f"{folder.root} holds other files and no PostgreSQL of `make airflow`: set "
+                      "TRAFFIC_AIRFLOW_PGDATA to a new or empty folder")
     length = len(os.fsencode(folder.socket))
     if length > SOCKET_PATH_MAX:
         raise Refused(f"the PostgreSQL socket {folder.socket} would be {length} bytes, more than a Unix socket's "
@@ -359,7 +362,8 @@ def clear_stale_server(folder: PostgresFolder, say: Callable[[str], None]) -> No
     while _running_pid(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     if _running_pid(pid):
-        raise Refused(f"the PostgreSQL server a killed run left on {folder.data} (pid {pid}) does not stop: stop it first")
+        raise Refused(f"the PostgreSQL server a killed run left on {folder.data} (pid {pid}) does not stop: "
+                      "stop it first")
 
 
 # -- processes --------------------------------------------------------------------------------------
@@ -443,7 +447,7 @@ class Supervisor:
         try:
             self.out.write(line + "\n")
             self.out.flush()
-        except (BrokenPipeError, ValueError):
+        except (OSError, ValueError):  # the terminal has gone (a hang-up): the stop goes on
             pass
 
     def _line(self, name: str, raw: bytes) -> None:
@@ -500,7 +504,7 @@ class Supervisor:
 
     def spawn(self, child: Child, **popen) -> None:
         """Start ``child`` in a process group of its own: a Ctrl-C reaches this supervisor alone, which stops the
-        children in order (the API server last), not all at once."""
+        children in order (the API server after the scheduler), not all at once."""
         popen.setdefault("env", self.env)
         popen.setdefault("preexec_fn", _die_with_parent(signal.SIGTERM))
         child.process = subprocess.Popen(child.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -644,7 +648,7 @@ class Supervisor:
         return None
 
     def shutdown(self, code: int) -> int:
-        """Components first (SIGTERM, SIGKILL after the grace), what they left, then PostgreSQL; ``code`` back."""
+        """The components (``_stop``), what they left (SIGKILL), then PostgreSQL (fast shutdown); ``code`` back."""
         running = [c for c in [*self.components, self.one_shot] if c is not None and c.alive()]
         self.say(f"stopping{' (' + self.stopping + ')' if self.stopping else ''}: "
                  + (", ".join(c.name for c in running) or "no component running")
@@ -705,7 +709,8 @@ class Supervisor:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m traffic.orchestration.embedded", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m traffic.orchestration.embedded",
+                                     description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (("prepare", "install (root) and initialise the cluster; print its socket folder"),
                        ("url", "print the SQLAlchemy URL of its database"),
