@@ -32,8 +32,8 @@ RUN apt-get update \
 WORKDIR /opt/traffic
 # The lock alone first: its layer (the slow one) is rebuilt only when the lock changes.
 COPY requirements.lock ./
-# Airflow on Postgres: psycopg2 for its sync engine, asyncpg for its async one (the compose extra).
-RUN pip install -r requirements.lock "psycopg2-binary==2.9.13" "asyncpg==0.32.0"
+# Airflow on Postgres: psycopg2 for its sync engine and asyncpg for its async one are in the lock.
+RUN pip install -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY traffic ./traffic
 COPY schemas ./schemas
