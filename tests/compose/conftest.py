@@ -4,11 +4,15 @@
   when one answers, else a ``dockerd`` started here (root only; `make test` installs Debian's
   docker.io) with its data under ``TRAFFIC_TEST_DOCKER_ROOT`` (default /var/tmp/traffic-test-docker,
   kept between runs so built images are reused), no iptables rules, its own socket; stopped at the
-  end. Skips, saying why, only where no engine can run.
+  end (``start_engine``, which ``bench/compose.py`` uses too). Skips, saying why, only where no
+  engine can run.
 * ``Stack`` — one compose project of the repository's docker-compose.yml with a generated `.env`
   (fresh secrets, the UI on a free 127.0.0.1 port, the base images scripts/local-images.sh builds from
   Debian's packages): build, up, wait for every health check, run commands in services, deliver
   files into the shared volume's inbox, and ``down -v``, after which nothing of it may be left.
+  The UI's port is free when chosen, but another test worker may take it before Docker binds it:
+  ``Stack.up`` then moves the UI to another free port and runs `up` again, and fails saying so
+  after ``UI_PORT_ATTEMPTS`` ports.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import socket
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,17 +52,21 @@ def _answers(env: dict) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def docker_env():
+class NoEngine(RuntimeError):
+    """No Docker engine answers and none can be started here; the message says why."""
+
+
+def start_engine() -> tuple[dict, Callable[[], None]]:
+    """The environment in which ``docker`` reaches an engine, and the function that stops it: the machine's
+    own engine when one answers (left running), else a ``dockerd`` started here. ``NoEngine`` when neither."""
     env = dict(os.environ)
     if shutil.which("docker") and _answers(env):
-        yield env
-        return
+        return env, lambda: None
     dockerd = shutil.which("dockerd")
     if os.geteuid() != 0:
-        pytest.skip("no Docker engine answers, and starting one (dockerd) needs root")
+        raise NoEngine("no Docker engine answers, and starting one (dockerd) needs root")
     if not dockerd or not shutil.which("docker"):
-        pytest.skip("no Docker engine answers and dockerd is not installed (make test installs Debian's docker.io)")
+        raise NoEngine("no Docker engine answers and dockerd is not installed (make test installs Debian's docker.io)")
     for folder in ("data", "exec"):
         (ENGINE_ROOT / folder).mkdir(parents=True, exist_ok=True)
     socket_path = ENGINE_ROOT / "docker.sock"
@@ -73,11 +83,10 @@ def docker_env():
         if engine.poll() is not None or time.monotonic() > deadline:
             engine.kill()
             last = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-            pytest.skip("a Docker engine cannot run on this machine: dockerd said " + " | ".join(last))
+            raise NoEngine("a Docker engine cannot run on this machine: dockerd said " + " | ".join(last))
         time.sleep(1)
-    try:
-        yield env
-    finally:
+
+    def stop() -> None:
         engine.send_signal(signal.SIGTERM)
         try:
             engine.wait(60)
@@ -85,20 +94,47 @@ def docker_env():
             os.killpg(engine.pid, signal.SIGKILL)
             engine.wait(10)
 
+    return env, stop
+
+
+@pytest.fixture(scope="session")
+def docker_env():
+    try:
+        env, stop = start_engine()
+    except NoEngine as why:
+        pytest.skip(str(why))
+    try:
+        yield env
+    finally:
+        stop()
+
 
 def compose_command(env: dict) -> list[str]:
-    """``docker compose`` (v2) where it is installed, else Debian's ``docker-compose`` (v1)."""
+    """``docker compose`` (v2) where it is installed, else Debian's ``docker-compose`` (v1); ``NoEngine`` if neither."""
     if subprocess.run(["docker", "compose", "version"], env=env, capture_output=True).returncode == 0:
         return ["docker", "compose"]
     if shutil.which("docker-compose"):
         return ["docker-compose"]
-    pytest.skip("neither `docker compose` nor `docker-compose` is installed")
+    raise NoEngine("neither `docker compose` nor `docker-compose` is installed")
 
 
 def free_port() -> int:
+    """A 127.0.0.1 port nothing holds right now. Another process may bind it before Docker does: ``Stack.up``
+    then chooses again."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+#: How many UI ports ``Stack.up`` tries before it fails (each was free when chosen, then taken before Docker bound it).
+UI_PORT_ATTEMPTS = 5
+#: What Docker says when a published port is held: by a process (its userland proxy cannot listen), by a container.
+PORT_TAKEN = ("address already in use", "port is already allocated")
+
+
+def port_taken(output: str, port: int) -> bool:
+    """Whether a failed ``up`` says that ``127.0.0.1:port`` could not be bound because something holds it."""
+    return f"127.0.0.1:{port}" in output and any(words in output for words in PORT_TAKEN)
 
 
 def write_dotenv(path: Path, ui_port: int) -> dict[str, str]:
@@ -125,6 +161,7 @@ class Stack:
     values: dict
     seconds: dict = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    left: list = field(default_factory=list)  # what ``running_stack``'s own ``down -v`` left of the project
 
     @functools.cached_property
     def api(self) -> AirflowApi:
@@ -134,7 +171,10 @@ class Stack:
 
     @functools.cached_property
     def compose_command(self) -> list[str]:
-        return compose_command(self.env)
+        try:
+            return compose_command(self.env)
+        except NoEngine as why:
+            pytest.skip(str(why))
 
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
         command = [*self.compose_command, "--project-directory", str(ROOT), "-f", str(ROOT / "docker-compose.yml"),
@@ -143,6 +183,32 @@ class Stack:
         if check and done.returncode:
             raise AssertionError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         return done
+
+    def up(self, *args: str, timeout: float = 900) -> None:
+        """``up -d`` with ``args``. When Docker cannot publish the UI because its port was taken since it was
+        chosen, the UI moves to another free port (the `.env` rewritten, nothing else changed) and `up` runs
+        again, ``UI_PORT_ATTEMPTS`` ports at most; any other failure fails at once."""
+        tried = []
+        while True:
+            done = self.compose("up", "-d", *args, timeout=timeout, check=False)
+            if done.returncode == 0:
+                return
+            port = int(self.values["AIRFLOW_UI_PORT"])
+            output = done.stdout + done.stderr
+            if not port_taken(output, port):
+                raise AssertionError(f"up {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
+                                     f"{done.stderr[-3000:]}")
+            tried.append(port)
+            if len(tried) == UI_PORT_ATTEMPTS:
+                raise AssertionError(f"the UI could not be published: each of the ports {tried} was taken before "
+                                     f"Docker bound it:\n{output[-2000:]}")
+            self.move_ui_port(free_port())
+
+    def move_ui_port(self, port: int) -> None:
+        """Publish the UI on ``port`` from the next ``up`` on: the `.env` rewritten with only that value changed."""
+        self.values["AIRFLOW_UI_PORT"] = str(port)
+        self.dotenv.write_text("".join(f"{k}={v}\n" for k, v in self.values.items()))
+        self.__dict__.pop("api", None)  # a client made for the old port would reach nothing
 
     def docker(self, *args: str, input: bytes | None = None, timeout: float = 300, check: bool = True):
         done = subprocess.run(["docker", *args], env=self.env, input=input, capture_output=True, timeout=timeout)
@@ -222,3 +288,26 @@ def build_images(env: dict, seconds: dict) -> None:
     assert done.returncode == 0, f"local-images.sh failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     print(done.stdout.strip())
     seconds["base images"] = time.monotonic() - clock
+
+
+@contextmanager
+def running_stack(env: dict, home: Path, project: str) -> Iterator[Stack]:
+    """The stack of ``project`` built and up (spark-connect stopped), every health check passed, its `.env` in
+    ``home``; ``down -v`` on the way out, whatever happened. ``stack.seconds`` says where the time went."""
+    seconds: dict[str, float] = {}
+    started = time.monotonic()
+    build_images(env, seconds)
+    dotenv = home / ".env"
+    stack = Stack(env=env, project=project, dotenv=dotenv, values=write_dotenv(dotenv, free_port()), seconds=seconds,
+                  started=started)
+    try:
+        clock = time.monotonic()
+        stack.compose("build", "--force-rm", timeout=1800)
+        seconds["image build"] = time.monotonic() - clock
+        clock = time.monotonic()
+        stack.up("--scale", "spark-connect=0")
+        stack.wait_healthy()
+        seconds["up, healthy"] = time.monotonic() - clock
+        yield stack
+    finally:
+        stack.left = stack.down()
