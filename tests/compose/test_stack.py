@@ -14,15 +14,16 @@ in-process harness on ``local[2]``) fed the same deliveries in the same order. T
 JSON API must list the spark-submit applications as finished with executors on the worker, and the
 warm server as running with its executors there; Airflow's runs must be rows in Postgres; each run's
 data-quality verdict must be readable through the API; the task logs must say which way Spark ran
-and which Delta engine. Per-hour close latency both ways is printed, then one 1 M-packet batch with
-one worker and with two. Last, ``down -v`` must leave nothing of the project.
+and which Delta engine. Then one 1 M-packet batch with one worker and with two, and each of four services
+restarted mid-batch. Last, ``down -v`` must leave nothing of the project. (The per-hour close latency of
+both ways is measured by ``bench/compose.py``, on the same two phases: a timing belongs to the benchmark,
+not to a test run beside others.)
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from bench.run import generate as generate_feed
-from tests.compose.conftest import LOCAL_NETWORKS, Stack, build_images, free_port, write_dotenv
+from tests.compose.conftest import LOCAL_NETWORKS, Stack, running_stack
 from tests.support.airflow_api import backfill_completed, create_backfill, log_events, write_router_feed
 from tests.support.harness import Harness
 from tests.support.tables import differences, tables
@@ -72,24 +73,8 @@ def seed_and_feed(folder: Path, start: datetime, end: datetime, seed: int) -> di
 
 @pytest.fixture(scope="module")
 def stack(docker_env, tmp_path_factory):
-    seconds: dict[str, float] = {}
-    started = time.monotonic()
-    build_images(docker_env, seconds)
-    home = tmp_path_factory.mktemp("compose")
-    dotenv = home / ".env"
-    stack = Stack(env=docker_env, project=f"traffic-test-{os.getpid()}", dotenv=dotenv,
-                  values=write_dotenv(dotenv, free_port()), seconds=seconds, started=started)
-    try:
-        clock = time.monotonic()
-        stack.compose("build", "--force-rm", timeout=1800)
-        seconds["image build"] = time.monotonic() - clock
-        clock = time.monotonic()
-        stack.compose("up", "-d", "--scale", "spark-connect=0", timeout=900)
-        stack.wait_healthy()
-        seconds["up, healthy"] = time.monotonic() - clock
+    with running_stack(docker_env, tmp_path_factory.mktemp("compose"), f"traffic-test-{os.getpid()}") as stack:
         yield stack
-    finally:
-        stack.down()
 
 
 def backfill(stack: Stack, first: datetime, last: datetime, timeout: float = 1200) -> list[dict]:
@@ -158,21 +143,17 @@ def failed_logs(stack: Stack, dag_id: str, run_id: str) -> str:
         f"--- {task}\n{task_log(stack, dag_id, run_id, task)[-2500:]}" for task in failed)
 
 
-def run_seconds(run: dict) -> float:
-    start, end = (datetime.fromisoformat(run[k].replace("Z", "+00:00")) for k in ("start_date", "end_date"))
-    return (end - start).total_seconds()
-
-
 def spark_json(stack: Stack, service: str, container: str | None = None) -> dict:
     """A Spark master's or worker's JSON API (its first container, or ``container``)."""
     return json.loads(stack.docker("exec", container or stack.container(service), "curl", "-fsS",
                                    "http://localhost:8081/json/").stdout)
 
 
-@pytest.fixture(scope="module")
-def scenario(stack, spark, tmp_path_factory):
-    """Both phases in the stack and the same deliveries through the embedded pipeline; what each saw."""
-    base = tmp_path_factory.mktemp("deliveries")
+def run_phases(stack: Stack, base: Path) -> tuple[dict, list[dict[str, bytes]]]:
+    """Both phases in the stack (what each saw) and the deliveries, in order; ``bench/compose.py`` times them.
+
+    Phase A, spark-submit (spark-connect stopped): hours h0 … h0+6 in two deliveries, then a backfill of
+    h0 … h0+4. Phase B, the warm Spark: hours h0+6 … h0+9, then a backfill of h0+5 … h0+7."""
     m = midnight()
     h0 = m - timedelta(hours=3)
     facts: dict = {"midnight": m}
@@ -194,7 +175,7 @@ def scenario(stack, spark, tmp_path_factory):
 
     # Phase B, the warm Spark: hours h0+5 … h0+7 close.
     clock = time.monotonic()
-    stack.compose("up", "-d", "--scale", "spark-connect=1", "spark-connect")
+    stack.up("--scale", "spark-connect=1", "spark-connect")
     stack.wait_healthy()
     stack.seconds["spark-connect up"] = time.monotonic() - clock
     clock = time.monotonic()
@@ -203,7 +184,14 @@ def scenario(stack, spark, tmp_path_factory):
     stack.seconds["phase connect"] = time.monotonic() - clock
     facts["master with connect"] = spark_json(stack, "spark-master")
     facts["worker with connect"] = spark_json(stack, "spark-worker")
+    return facts, deliveries
 
+
+@pytest.fixture(scope="module")
+def scenario(stack, spark, tmp_path_factory):
+    """Both phases in the stack and the same deliveries through the embedded pipeline; what each saw."""
+    base = tmp_path_factory.mktemp("deliveries")
+    facts, deliveries = run_phases(stack, base)
     facts["stack warehouse"] = stack.copy_out("airflow-scheduler", "/data/warehouse", base / "stack" / "warehouse")
 
     # The embedded pipeline on the same deliveries, in the same order, closing where the backfills did.
@@ -310,29 +298,14 @@ def test_airflows_runs_are_rows_in_postgres_and_the_verdicts_are_in_the_api(stac
         assert set(verdict["by_status"]) <= set(PUBLISHED), verdict  # the contract's statuses, from their one definition
 
 
-def test_per_hour_close_latency_both_ways(stack, scenario, record_property):
-    """Printed for docs/benchmarks.md: an hourly run's wall time, the freezing run and the re-checks."""
-    report = []
-    for way in ("spark-submit", "connect"):
-        runs = scenario[f"backfill {way}"]
-        rest = [run_seconds(r) for r in runs[1:] if not r["close"]["rolled_up_day"]]
-        ingest_task = scenario[f"ingest {way}"]
-        report.append(f"{way}: ingest task {ingest_task['duration']:.1f} s; freezing run {run_seconds(runs[0]):.1f} s; "
-                      f"re-checking runs median {statistics.median(rest):.1f} s (n={len(rest)})")
-        roll_up = [run_seconds(r) for r in runs if r["close"]["rolled_up_day"]]
-        if roll_up:
-            report[-1] += f"; the midnight run with the day roll-up {roll_up[0]:.1f} s"
-    say(record_property, "compose close latency — " + " | ".join(report))
-
-
 def test_a_million_packet_batch_on_one_worker_and_on_two(stack, scenario, tmp_path, record_property):
     """1 M packets in one file, one micro-batch each (spark-submit, so every worker's cores are the job's)."""
-    stack.compose("up", "-d", "--scale", "spark-connect=0", "spark-connect")
+    stack.up("--scale", "spark-connect=0", "spark-connect")
     m = scenario["midnight"]
     seconds = {}
     for workers, hour in ((1, m + timedelta(hours=7)), (2, m + timedelta(hours=8))):
         if workers == 2:
-            stack.compose("up", "-d", "--scale", "spark-worker=2", "spark-worker")
+            stack.up("--scale", "spark-worker=2", "spark-worker")
             stack.wait_healthy()
             deadline = time.monotonic() + 120
             while spark_json(stack, "spark-master")["aliveworkers"] != 2:
@@ -375,7 +348,7 @@ def test_a_service_restarted_mid_batch_loses_nothing_and_counts_nothing_twice(st
     """One hour of the router feed per service; while its micro-batch runs (spark-submit, one worker) the
     service is restarted, and the run must still succeed (Airflow retries a task that died with it). The
     hours' rows must equal an undisturbed embedded run of the same files."""
-    stack.compose("up", "-d", "--scale", "spark-connect=0", "--scale", "spark-worker=1", "spark-worker", "spark-connect")
+    stack.up("--scale", "spark-connect=0", "--scale", "spark-worker=1", "spark-worker", "spark-connect")
     stack.wait_healthy()
     api, first = stack.api, midnight() + timedelta(hours=9)  # after every hour the tests above deliver
     reference = Harness(tmp_path / "undisturbed", spark, local_networks=LOCAL_NETWORKS,
