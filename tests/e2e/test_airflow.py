@@ -1,24 +1,24 @@
 """A real Airflow runs the pipeline, checked through its API and through a real browser.
 
-One module, so both halves share one Airflow on one test worker. The scenario (start Airflow,
-drop the files, trigger `traffic_ingest`, backfill `traffic_hourly` across a midnight) is the
-``hourly_backfill`` fixture in ``conftest.py``. First, what it must have produced — in the Delta
-tables (read with Arrow, no Spark) and in the runs' and tasks' states. Then the UI: headless
-Chromium from Debian (``/usr/bin/chromium``; `make test` installs it) driven by Playwright (no
-browser is downloaded) logs in, sees the three DAGs, fills and submits the replay form.
-Screenshots go to ``test-output/``; the grid of ``traffic_hourly`` after the backfill is the
-README's image (``make screenshots`` refreshes ``docs/img/``).
+One module, so every test shares one Airflow (`make airflow`'s, on PostgreSQL) on one test worker. The
+scenario — the DAGs unpaused, the 5-minute ingest on its schedule, the hourly DAG's live run waiting for
+the watermark, and a backfill of `traffic_hourly` across a midnight created while they work, from the
+UI's form and through the REST API in turn, with max_active_runs 1, 2 and 4 in turn, ten times in a row —
+is the ``backfills`` fixture in ``conftest.py``. First, what it must have produced: in the Delta tables
+(read with Arrow, no Spark), in the runs' and tasks' states and in each close's record (its XCom). Then
+the UI: headless Chromium from Debian (``/usr/bin/chromium``; `make test` installs it) driven by
+Playwright (no browser is downloaded). Screenshots go to ``test-output/``; the grid of `traffic_hourly`
+and the list of finished backfills are the README's images (``make screenshots`` refreshes ``docs/img/``).
 """
 
 from __future__ import annotations
 
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ROOT, write_router_feed
+from tests.e2e.conftest import OUT, REPEATS, form_field, logged_in, pick_datetime, write_router_feed
 from tests.support.screenshots import publish_for_docs
 from traffic.storage import state as st
 from traffic.storage.delta import Warehouse
@@ -38,99 +38,170 @@ def _hours(start, end):
     return out
 
 
-def test_micro_batch_ingests_once_and_skips_spark_when_nothing_is_new(airflow, hourly_backfill):
-    runs = {r["dag_run_id"]: r for r in hourly_backfill.ingest_runs}
-    triggered = runs[hourly_backfill.triggered_ingest["dag_run_id"]]
-    assert triggered["run_type"] == "manual" and triggered["state"] == "success", triggered
-    assert all(r["state"] == "success" for r in runs.values()), {k: (r["state"], r["tasks"]) for k, r in runs.items()}
-    ingested = [k for k, r in runs.items() if r["tasks"]["ingest"] == "success"]
-    skipped = [k for k, r in runs.items() if r["tasks"]["ingest"] == "skipped"]
-    assert len(ingested) == 1 and len(skipped) == len(runs) - 1 >= 1, {k: r["tasks"] for k, r in runs.items()}
+def _at(moment) -> str:
+    return f"{moment:%Y-%m-%dT%H:%M}"
+
+
+def test_micro_batch_ingests_each_file_once_and_skips_spark_when_nothing_is_new(airflow, backfills):
+    runs = backfills.ingest_runs
+    assert all(r["state"] == "success" for r in runs), [(r["dag_run_id"], r["state"], r["tasks"]) for r in runs]
+    ingested = [r for r in runs if r["tasks"]["ingest"] == "success"]
+    skipped = [r for r in runs if r["tasks"]["ingest"] == "skipped"]
+    # Each repeat's file in exactly one batch, whichever run (the schedule's or the user's) took it.
+    assert len(ingested) == REPEATS and len(skipped) == len(runs) - REPEATS, [(r["dag_run_id"], r["tasks"]) for r in runs]
+    assert any(r["run_type"] == "scheduled" for r in runs), "the 5-minute schedule never ran"
 
     warehouse = _warehouse(airflow)
-    batches = st.rows(warehouse.table("batches").read_arrow())
-    expected_packets = sum(p for _, p in hourly_backfill.expected.values())
+    batches = sorted(st.rows(warehouse.table("batches").read_arrow()), key=lambda b: b["batch_id"])
     assert [(b["batch_id"], b["packets_on_time"], b["ticks"], b["packets_late"], b["records_rejected"])
-            for b in batches] == [(1, expected_packets, 1, 0, 0)]
-    assert st.read_clock_state(warehouse).watermark == hourly_backfill.end
+            for b in batches] == [(n + 1, sum(p for _, p in r.expected.values()), 1, 0, 0)
+                                  for n, r in enumerate(backfills.repeats)]
+    assert st.read_clock_state(warehouse).watermark == backfills.repeats[-1].end
 
 
-def test_backfill_freezes_every_hour_and_rolls_up_the_day_once_at_midnight(airflow, hourly_backfill):
-    scenario = hourly_backfill
-    hours = _hours(scenario.start, scenario.end)
-    assert [r["data_interval_start"][:16] for r in scenario.runs] == [f"{h:%Y-%m-%dT%H:%M}" for h in hours]
-    for index, run in enumerate(scenario.runs):
-        at_midnight = run["data_interval_end"].startswith(f"{scenario.midnight:%Y-%m-%dT%H:%M}")
-        assert run["state"] == "success", run
-        # Issue 26: the backfill's first run freezes every hour the watermark has closed (the whole range,
-        # in one Spark application); the later runs find theirs final and only re-check them.
-        assert run["tasks"] == {"wait_for_watermark": "success", "close": "success",
-                                "publish_data_quality": "success"}, run["dag_run_id"]
-        close = run["close"]  # the close task's XCom: what the grid shows of the run
-        assert (close["froze"], close["rolled_up_day"], close["rolled_up_month"]) == (index == 0, at_midnight, False), \
-            (run["dag_run_id"], close)
-        assert close["spark"] == ("warm server" if index == 0 or at_midnight else None), close
+def test_every_backfill_created_while_the_live_runs_work_completes(backfills):
+    """Issue 40: the user's scenario, from the UI's form and through the REST API, five times each."""
+    hands = {}
+    for repeat in backfills.repeats:
+        runs = repeat.runs
+        assert repeat.backfill["completed_at"] is not None, repeat.backfill
+        assert [r["data_interval_start"][:16] for r in runs] == [_at(h) for h in _hours(repeat.start, repeat.end - timedelta(hours=1))], \
+            (repeat.index, [r["dag_run_id"] for r in runs])
+        for run in runs:
+            assert run["state"] == "success", (repeat.index, run["dag_run_id"], run["tasks"])
+            assert run["tasks"] == {"wait_for_watermark": "success", "close": "success",
+                                    "publish_data_quality": "success"}, (repeat.index, run["dag_run_id"])
+        hands[repeat.hand] = hands.get(repeat.hand, 0) + 1
+    assert hands == {"ui": REPEATS // 2, "api": REPEATS - REPEATS // 2}
 
+
+def test_each_day_rolled_up_once_by_one_run_whatever_max_active_runs(backfills):
+    """Issue 41: with 1, 2 or 4 runs at once, one run froze the hours, one run rolled the day up and its
+    record says so; the others' records say they found the work done; one roll-up commit for the day."""
+    seen = set()
+    for repeat in backfills.repeats:
+        seen.add(repeat.max_active_runs)
+        closes = {r["data_interval_end"][:16]: r["close"] for r in repeat.runs}
+        froze = [end for end, c in closes.items() if c["froze"]]
+        rolled = [end for end, c in closes.items() if c["rolled_up_day"]]
+        where = (repeat.index, repeat.max_active_runs, closes)
+        assert len(froze) == 1, where
+        assert len(rolled) == 1, where
+        # The docs' rule (docs/airflow.md, Backfill): the run that first holds the lock while the day is due
+        # rolls it up — one at a time, in order, that is the midnight run; overlapping, maybe a later one,
+        # and then the midnight run's record says it found the day already rolled up.
+        midnight_run = closes[_at(repeat.midnight)]
+        if repeat.max_active_runs == 1:
+            assert rolled == [_at(repeat.midnight)], where
+        assert midnight_run["day"]["outcome"] in ("rolled_up", "already_rolled_up"), where
+        day = f"{repeat.midnight - timedelta(days=1):%Y-%m-%d}"
+        for end, c in closes.items():
+            assert (c["day"]["outcome"] == "rolled_up") == (end in rolled), where
+            if end in rolled:
+                assert c["day"]["days"] == [day], where
+            assert (c["freeze"]["outcome"] == "froze") == (end in froze), where
+        assert not any(c["rolled_up_month"] for c in closes.values()) or repeat.midnight.day == 1, where
+        for c in closes.values():
+            assert c["spark"] in ("warm server", None) and (c["spark"] == "warm server" or not (c["froze"] or c["rolled_up_day"])), where
+            assert c["expire"]["spark_started"] is False, where
+        assert repeat.roll_up_commits == {"daily": 1, "periods": 1 + (repeat.midnight.day == 1)}, where
+        if repeat.max_active_runs == 1:  # in order: the backfill's first run froze every closed hour
+            assert froze == [repeat.runs[0]["data_interval_end"][:16]], where
+    assert seen == {1, 2, 4}
+
+
+def test_every_hour_and_day_reconciles_and_raw_detail_expires(airflow, backfills):
     warehouse = _warehouse(airflow)
     ledger = st.read_ledger(warehouse)
     frozen = {r["period_start"]: r for r in ledger if r["grain"] == "hour"}
-    assert sorted(frozen) == hours
-    for hour in hours:
-        assert (frozen[hour]["bytes"], frozen[hour]["packets"]) == tuple(scenario.expected[hour]), hour
-        assert frozen[hour]["dq_status"] in ("passed", "warning") and frozen[hour]["late_bytes"] == 0  # published
     hourly = st.rows(warehouse.table("hourly").read_arrow(columns=["hour", "bytes", "status"]))
     assert {r["status"] for r in hourly} == {"final"}
-    for hour in hours:
-        assert sum(r["bytes"] for r in hourly if r["hour"] == hour) == scenario.expected[hour][0]
-
-    # The day before the midnight is rolled up exactly once; the day after is not closed yet.
-    day = scenario.midnight - timedelta(days=1)
+    by_hour = {}
+    for r in hourly:
+        by_hour[r["hour"]] = by_hour.get(r["hour"], 0) + r["bytes"]
+    expected_days = {}
+    for repeat in backfills.repeats:
+        for hour, (size, packets) in repeat.expected.items():
+            assert (frozen[hour]["bytes"], frozen[hour]["packets"]) == (size, packets), hour
+            assert frozen[hour]["dq_status"] in ("passed", "warning") and frozen[hour]["late_bytes"] == 0, hour
+            assert by_hour[hour] == size, hour
+            day = hour.replace(hour=0)
+            expected_days[day] = expected_days.get(day, 0) + size
+    # Every day up to the last midnight is rolled up exactly once, with every byte of its hours.
+    last_day = backfills.repeats[-1].midnight
     days = [r for r in ledger if r["grain"] == "day"]
-    assert [r["period_start"] for r in days] == [day] and days[0]["dq_status"] in ("passed", "warning")
-    day_bytes = sum(scenario.expected[h][0] for h in hours if h < scenario.midnight)
-    assert days[0]["bytes"] == day_bytes
+    assert sorted(r["period_start"] for r in days) == sorted(d for d in expected_days if d < last_day)
+    for row in days:
+        assert row["bytes"] == expected_days[row["period_start"]] and row["dq_status"] in ("passed", "warning"), row
     daily = st.rows(warehouse.table("daily").read_arrow(columns=["day", "bytes"]))
-    assert {r["day"] for r in daily} == {day.date()} and sum(r["bytes"] for r in daily) == day_bytes
-    roll_ups = [h for h in warehouse.table("daily").history() if h.get("traffic.op") == "roll_up"]
-    assert len(roll_ups) == 1, roll_ups
-    assert [r for r in ledger if r["grain"] == "month"] == []
-    assert warehouse.table("monthly").read_arrow().num_rows == 0
+    daily_bytes = {}
+    for r in daily:
+        daily_bytes[r["day"]] = daily_bytes.get(r["day"], 0) + r["bytes"]
+    assert daily_bytes == {d.date(): b for d, b in expected_days.items() if d < last_day}
 
-    # Raw detail: keep_hours=1 behind hour_floor(W) — only the last hour's packets are left,
-    # expired by each run's `close` task in the worker, without a JVM.
+    # Raw detail: keep_hours=1 behind hour_floor(W): only the last hour's packets are left, expired by each
+    # run's `close` task in the worker, without a JVM.
+    last = backfills.repeats[-1]
     packets = st.rows(warehouse.table("packets").read_arrow(columns=["hour", "bytes"]))
-    assert {r["hour"] for r in packets} == {scenario.end - timedelta(hours=1)}
-    assert sum(r["bytes"] for r in packets) == scenario.expected[scenario.end - timedelta(hours=1)][0]
-    expired = [r["close"]["expire"] for r in scenario.runs]
-    assert [e["spark_started"] for e in expired] == [False] * len(scenario.runs), expired
-    assert sum(e["expired_hours"] for e in expired) == len(scenario.runs) - 1, expired
+    assert {r["hour"] for r in packets} == {last.end - timedelta(hours=1)}
+    assert sum(r["bytes"] for r in packets) == last.expected[last.end - timedelta(hours=1)][0]
 
 
-def test_the_live_run_waiting_for_the_watermark_does_not_hold_the_backfill_back(airflow, hourly_backfill):
-    """Issue 26: the scheduler's own run of the latest hour waits (its sensor, up to two hours) for a
-    watermark two days behind, and the backfill completes beside it all the same."""
-    live = hourly_backfill.live_runs
+def test_tables_are_equal_whatever_max_active_runs(airflow, backfills):
+    """Issue 41: the repeats after the first are the same traffic a day apart (the same feed, one day on),
+    so their hours, their day and their ledger rows, shifted back, are equal — with 1, 2 or 4 runs at once."""
+    warehouse = _warehouse(airflow)
+    hourly = st.rows(warehouse.table("hourly").read_arrow())
+    daily = st.rows(warehouse.table("daily").read_arrow())
+    ledger = st.read_ledger(warehouse)
+
+    def seen_from(repeat):
+        """The repeat's hours [day before's 01:00, its 02:00) and its day, as if it were the second repeat."""
+        shift = repeat.midnight - backfills.repeats[1].midnight
+        first, end = repeat.midnight - timedelta(hours=23), repeat.end
+        hours = sorted((r["hour"] - shift, r["local_ip"], r["remote_ip"], r["bytes"], r["packets"], r["bytes_in"],
+                        r["bytes_out"]) for r in hourly if first <= r["hour"] < end)
+        day = (repeat.midnight - timedelta(days=1)).date()
+        days = sorted((r["local_ip"], r["remote_ip"], r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"])
+                      for r in daily if r["day"] == day)
+        periods = sorted((r["grain"], r["period_start"] - shift, r["bytes"], r["packets"], r["late_bytes"], r["dq_status"])
+                         for r in ledger if first - timedelta(hours=1) <= r["period_start"] < end
+                         and (r["grain"] == "hour" or (r["grain"] == "day" and r["period_start"] < repeat.midnight)))
+        return hours, days, periods
+
+    reference = seen_from(backfills.repeats[1])
+    assert all(reference), reference
+    by_runs = {}
+    for repeat in backfills.repeats[1:]:
+        assert seen_from(repeat) == reference, (repeat.index, repeat.max_active_runs)
+        by_runs.setdefault(repeat.max_active_runs, []).append(repeat.index)
+    assert sorted(by_runs) == [1, 2, 4], by_runs
+
+
+def test_the_live_run_waiting_for_the_watermark_does_not_hold_the_backfills_back(backfills):
+    """The scheduler's own run of the latest hour waits (its sensor, up to two hours) for a watermark days
+    behind, and every backfill completes beside it all the same."""
+    live = backfills.live_runs
     assert len(live) == 1, live
     run = live[0]
     assert run["state"] in ("queued", "running"), run
     assert run["tasks"]["wait_for_watermark"] in ("up_for_reschedule", "running", "scheduled", "queued"), run
     assert run["tasks"]["close"] is None, run
-    latest = max(r["data_interval_end"] for r in hourly_backfill.runs)
+    latest = max(r["data_interval_end"] for repeat in backfills.repeats for r in repeat.runs)
     assert run["data_interval_start"] > latest  # an hour the watermark has not reached
-    # It was waiting while the backfill's runs went through, not created after them.
-    assert run["start_date"] < max(r["end_date"] for r in hourly_backfill.runs), run
+    # It was waiting while the backfills' runs went through, not created after them.
+    assert run["start_date"] < min(r["end_date"] for r in backfills.repeats[0].runs), run
 
 
-def test_spark_steps_ran_as_clients_of_the_warm_server_make_airflow_started(airflow, hourly_backfill):
-    """Issue 26: `make airflow` starts the warehouse's own Spark Connect server; the freeze, the day roll-up
-    and the micro-batch ran as its clients (no spark-submit, no JVM of their own) and their logs say so."""
-    ran = {step: next(r["dag_run_id"] for r in hourly_backfill.runs if r["close"][step])
-           for step in ("froze", "rolled_up_day")}
+def test_spark_steps_ran_as_clients_of_the_warm_server_make_airflow_started(airflow, backfills):
+    """`make airflow` starts the warehouse's own Spark Connect server; the freeze, the day roll-up and the
+    micro-batch ran as its clients (no spark-submit, no JVM of their own) and their logs say so."""
+    repeat = backfills.repeats[0]
+    ran = {step: next(r["dag_run_id"] for r in repeat.runs if r["close"][step]) for step in ("froze", "rolled_up_day")}
     logs = [airflow.home / "logs" / "dag_id=traffic_hourly" / f"run_id={run_id}" / "task_id=close" / "attempt=1.log"
             for run_id in ran.values()]
-    ingest = hourly_backfill.ingest_runs[-1]
     logs += sorted((airflow.home / "logs" / "dag_id=traffic_ingest").glob("run_id=*/task_id=ingest/attempt=1.log"))
-    assert len(set(ran.values())) == 2 and len(logs) >= 3, (ran, ingest)
+    assert len(set(ran.values())) == 2 and len(logs) >= 2 + REPEATS, ran
     for log in logs:
         text = log.read_text(errors="replace")
         assert "Spark: a client of the warm Spark Connect server sc://localhost:" in text, (log, text[-2000:])
@@ -138,141 +209,91 @@ def test_spark_steps_ran_as_clients_of_the_warm_server_make_airflow_started(airf
         assert "token=" not in text, f"{log} shows the server's token"
 
 
-def test_rerunning_a_final_hour_rechecks_without_spark(airflow, hourly_backfill):
-    """Clearing a finished run re-runs it: the freeze is skipped (already final) and no table changes."""
+def test_rerunning_a_final_hour_rechecks_without_spark(airflow, backfills):
+    """Clearing a finished run re-runs it: nothing is frozen or rolled up (already final) and no table changes."""
     api, warehouse = airflow.api, _warehouse(airflow)
-    run = next(r for r in hourly_backfill.runs if r["data_interval_start"].startswith(
-        f"{hourly_backfill.midnight:%Y-%m-%dT%H:%M}"))
+    last = backfills.repeats[-1]
+    run = next(r for r in last.runs if r["data_interval_start"].startswith(_at(last.midnight)))
     versions = {name: warehouse.table(name).version() for name in ("hourly", "periods", "daily", "packets")}
-    clock = time.monotonic()
     api.post(f"/api/v2/dags/traffic_hourly/dagRuns/{run['dag_run_id']}/clear", {"dry_run": False})
-    time.sleep(2)
+    deadline = time.monotonic() + 30
+    while api.run("traffic_hourly", run["dag_run_id"])["state"] == "success":  # until the clear is seen
+        assert time.monotonic() < deadline, "the cleared run never left its success state"
+        time.sleep(0.5)
     again = api.wait_run("traffic_hourly", run["dag_run_id"], timeout=180, home=airflow.home)
-    seconds = time.monotonic() - clock
     tasks = api.task_states("traffic_hourly", run["dag_run_id"])
     assert again["state"] == "success", tasks
     assert tasks == {"wait_for_watermark": "success", "close": "success", "publish_data_quality": "success"}, tasks
-    close = airflow.api.xcom("traffic_hourly", run["dag_run_id"], "close")
+    close = api.xcom("traffic_hourly", run["dag_run_id"], "close")
     assert (close["froze"], close["rolled_up_day"], close["rolled_up_month"], close["spark"]) == \
         (False, False, False, None), close  # the hour after midnight: no day change, and no day waiting
     assert {name: warehouse.table(name).version() for name in versions} == versions
-    assert seconds < 90, f"a re-check took {seconds:.0f}s"
 
 
 # -- the Airflow UI in a real browser ------------------------------------------------------------
 
-CHROMIUM = "/usr/bin/chromium"
-OUT = ROOT / "test-output"
+def test_ui_lists_the_dags_and_the_replay_form_starts_a_run(airflow, backfills, browser):
+    with logged_in(browser, airflow) as page:
+        page.goto(airflow.url + "/dags")
+        for dag_id in ("traffic_ingest", "traffic_hourly", "traffic_replay"):
+            page.get_by_text(dag_id, exact=True).first.wait_for()
+        page.screenshot(path=str(OUT / "airflow-dags.png"))
 
+        # A small archive after what was ingested: two hours with a tick at the end.
+        start = backfills.repeats[-1].end + timedelta(hours=1)
+        end = start + timedelta(hours=2)
+        archive = airflow.base / "archive"
+        expected = write_router_feed(archive / "edge" / "archived.csv", start, end, seed=11)
 
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium chromium-driver (scripts/test.sh does)")
-    from playwright.sync_api import sync_playwright
+        page.goto(airflow.url + "/dags/traffic_replay")
+        page.get_by_role("button", name="Trigger").click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_text("Run Parameters").wait_for()
+        pick_datetime(page, dialog, "From (UTC)", start)
+        pick_datetime(page, dialog, "To (UTC)", end + timedelta(minutes=1))  # the tick at `end` is inside the range
+        form_field(dialog, "Input folder").locator("input").fill(str(archive))
+        form_field(dialog, "Source").locator("input").fill("edge")
+        page.screenshot(path=str(OUT / "airflow-replay-form.png"), full_page=True)
+        before = {r["dag_run_id"] for r in airflow.api.runs("traffic_replay")}
+        dialog.get_by_role("button", name="Trigger", exact=True).click()
 
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-@pytest.fixture()
-def page(browser, airflow):
-    """A logged-in page (the simple auth manager's login form, as a person fills it)."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="UTC")
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.goto(airflow.url + "/")
-    page.get_by_label("Username").fill("admin")
-    page.get_by_label("Password").fill(airflow.password)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(airflow.url + "/")
-    OUT.mkdir(exist_ok=True)
-    try:
-        yield page
-    finally:
-        context.close()
-
-
-def _field(dialog, label: str):
-    """A form row of the trigger dialog, found by its visible label."""
-    return dialog.get_by_role("group").filter(has=dialog.page.locator("label", has_text=label))
-
-
-def _pick_datetime(page, dialog, label: str, moment) -> None:
-    """The form's date-time picker: open it, type date and time (UTC), close it."""
-    _field(dialog, label).get_by_test_id("datetime-input").click()
-    popover = page.locator("[data-scope=popover][data-part=content][data-state=open]")
-    popover.get_by_placeholder("YYYY/MM/DD").fill(f"{moment:%Y/%m/%d}")
-    time_input = popover.get_by_placeholder("HH:mm")
-    time_input.fill(f"{moment:%H:%M}")
-    time_input.press("Enter")
-    dialog.get_by_role("heading").first.click()  # closes the popover
-    popover.wait_for(state="detached")
-
-
-def test_ui_lists_the_dags_and_the_replay_form_starts_a_run(airflow, hourly_backfill, page):
-    # The three DAGs are listed.
-    page.goto(airflow.url + "/dags")
-    for dag_id in ("traffic_ingest", "traffic_hourly", "traffic_replay"):
-        page.get_by_text(dag_id, exact=True).first.wait_for()
-    page.screenshot(path=str(OUT / "airflow-dags.png"))
-
-    # A small archive after what was ingested: two hours with a tick at the end.
-    start = hourly_backfill.end + timedelta(hours=1)
-    end = start + timedelta(hours=2)
-    archive = airflow.base / "archive"
-    expected = write_router_feed(archive / "edge" / "archived.csv", start, end, seed=11)
-
-    airflow.api.unpause("traffic_replay")  # paused DAGs keep triggered runs queued
-    page.goto(airflow.url + "/dags/traffic_replay")
-    page.get_by_role("button", name="Trigger").click()
-    dialog = page.get_by_role("dialog")
-    dialog.get_by_text("Run Parameters").wait_for()
-    _pick_datetime(page, dialog, "From (UTC)", start)
-    _pick_datetime(page, dialog, "To (UTC)", end + timedelta(minutes=1))  # the tick at `end` is inside the range
-    _field(dialog, "Input folder").locator("input").fill(str(archive))
-    _field(dialog, "Source").locator("input").fill("edge")
-    page.screenshot(path=str(OUT / "airflow-replay-form.png"), full_page=True)
-    before = {r["dag_run_id"] for r in airflow.api.runs("traffic_replay")}
-    dialog.get_by_role("button", name="Trigger", exact=True).click()
-
-    # The run the form started, with the form's values, succeeds.
-    deadline = time.monotonic() + 30
-    while not (new := [r for r in airflow.api.runs("traffic_replay") if r["dag_run_id"] not in before]):
-        assert time.monotonic() < deadline, "the form did not start a run"
-        time.sleep(1)
-    (run,) = new
-    assert run["conf"]["input"] == str(archive) and run["conf"]["source"] == "edge", run["conf"]
-    assert run["conf"]["from"].startswith(f"{start:%Y-%m-%dT%H:%M}"), run["conf"]
-    assert run["conf"]["restate"] is False
-    done = airflow.api.wait_run("traffic_replay", run["dag_run_id"], timeout=240, home=airflow.home)
-    assert done["state"] == "success", airflow.api.task_states("traffic_replay", run["dag_run_id"])
-    page.goto(f"{airflow.url}/dags/traffic_replay/runs/{run['dag_run_id']}")
-    page.get_by_text("check_request").first.wait_for()
-    page.screenshot(path=str(OUT / "airflow-replay-run.png"))
+        # The run the form started, with the form's values, succeeds.
+        deadline = time.monotonic() + 30
+        while not (new := [r for r in airflow.api.runs("traffic_replay") if r["dag_run_id"] not in before]):
+            assert time.monotonic() < deadline, "the form did not start a run"
+            time.sleep(1)
+        (run,) = new
+        assert run["conf"]["input"] == str(archive) and run["conf"]["source"] == "edge", run["conf"]
+        assert run["conf"]["from"].startswith(_at(start)), run["conf"]
+        assert run["conf"]["restate"] is False
+        done = airflow.api.wait_run("traffic_replay", run["dag_run_id"], timeout=240, home=airflow.home)
+        assert done["state"] == "success", airflow.api.task_states("traffic_replay", run["dag_run_id"])
+        page.goto(f"{airflow.url}/dags/traffic_replay/runs/{run['dag_run_id']}")
+        page.get_by_text("check_request").first.wait_for()
+        page.screenshot(path=str(OUT / "airflow-replay-run.png"))
 
     # Replayed into an open range: counted normally, and closed in the same application.
-    warehouse = Warehouse(airflow.settings(), engine="rs")
-    frozen = {r["period_start"]: r for r in st.read_ledger(warehouse, "hour")}
+    frozen = {r["period_start"]: r for r in st.read_ledger(_warehouse(airflow), "hour")}
     for hour, (size, packets) in expected.items():
         assert (frozen[hour]["bytes"], frozen[hour]["packets"]) == (size, packets), hour
 
 
-def test_grid_after_the_backfill(airflow, hourly_backfill, page):
-    """The grid of traffic_hourly: each hour frozen, the day rolled up only at midnight (README image)."""
-    page.set_viewport_size({"width": 960, "height": 520})
-    page.goto(airflow.url + "/dags/traffic_hourly")
-    page.get_by_role("button", name="Collapse Details Panel").click()
-    for run in hourly_backfill.runs:  # a column per backfilled hour (its states are checked via the API)
-        page.get_by_test_id(f"grid-{run['dag_run_id']}-publish_data_quality").wait_for()
-    page.wait_for_timeout(1000)  # let the last cells paint
-    page.screenshot(path=str(OUT / "airflow-grid.png"))
-    publish_for_docs(OUT / "airflow-grid.png")
-    assert (OUT / "airflow-grid.png").stat().st_size < 200_000
+def test_grid_and_backfills_after_the_backfills(airflow, backfills, browser):
+    """The grid of traffic_hourly (each hour frozen, the day rolled up only at midnight) and its finished
+    backfills, as the UI lists them: the README's images."""
+    with logged_in(browser, airflow, width=960, height=520) as page:
+        page.goto(airflow.url + "/dags/traffic_hourly")
+        page.get_by_role("button", name="Collapse Details Panel").click()
+        for run in backfills.repeats[-1].runs:  # a column per backfilled hour (its states are checked via the API)
+            page.get_by_test_id(f"grid-{run['dag_run_id']}-publish_data_quality").wait_for()
+        page.wait_for_timeout(1000)  # let the last cells paint
+        page.screenshot(path=str(OUT / "airflow-grid.png"))
+        publish_for_docs(OUT / "airflow-grid.png")
+        assert (OUT / "airflow-grid.png").stat().st_size < 200_000
+
+        page.set_viewport_size({"width": 1280, "height": 760})
+        page.goto(airflow.url + "/dags/traffic_hourly/backfills")
+        page.get_by_text(f"{backfills.repeats[-1].start:%Y-%m-%d %H:%M:%S}").first.wait_for()
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(OUT / "airflow-backfills.png"))
+        publish_for_docs(OUT / "airflow-backfills.png")

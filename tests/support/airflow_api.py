@@ -152,15 +152,17 @@ def write_router_feed(path: Path, start: datetime, end: datetime, seed: int) -> 
     return per_hour
 
 
-def create_backfill(api: AirflowApi, dag_id: str, first: datetime, last: datetime, reprocess: str = "none") -> dict:
-    """POST /api/v2/backfills for the logical dates ``first``…``last``, one run at a time (``reprocess``:
-    Airflow's reprocess behavior, ``none`` for missing runs only, ``completed`` to run them all again).
+def create_backfill(api: AirflowApi, dag_id: str, first: datetime, last: datetime, reprocess: str = "none",
+                    max_active_runs: int = 1) -> dict:
+    """POST /api/v2/backfills for the logical dates ``first``…``last``, ``max_active_runs`` runs at a time
+    (``reprocess``: Airflow's reprocess behavior, ``none`` for missing runs only, ``completed`` to run them
+    all again).
 
     On SQLite, Airflow refuses to create a backfill while another writer holds the database
     ("Database is locked", 503) and removes the partial one: wait a moment and ask again.
     """
     body = {"dag_id": dag_id, "from_date": first.isoformat(), "to_date": last.isoformat(),
-            "max_active_runs": 1, "reprocess_behavior": reprocess}
+            "max_active_runs": max_active_runs, "reprocess_behavior": reprocess}
     deadline = time.monotonic() + 90
     while True:
         try:
