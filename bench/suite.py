@@ -52,6 +52,7 @@ MEMORY_LIMIT = 4 * GiB
 TRAFFIC = REPO / ".venv" / "bin" / "traffic"
 PEERS_PYTHON = REPO / ".venv-bench" / "bin" / "python"
 NOTES_MARKER = feeds.NOTES_MARKER
+AIRFLOW_DATABASES = {"postgres": "PostgreSQL", "sqlite": "SQLite"}
 CASES = ("ingest", "run", "cardinality", "captures", "flows", "collect", "tick", "idle", "history", "backfill",
          "airflow")
 
@@ -669,8 +670,54 @@ class Bench:
                   ratio=f"{ratio:.2f}× mean, {freeze_ratio:.2f}× freezing"))
 
     def case_airflow(self) -> None:
-        """Issue 26: Airflow's backfill of `traffic_hourly` over hours already ingested, then over the same hours
-        once final, through the REST API of the embedded Airflow (`scripts/airflow.sh`), with its live runs."""
+        """Issues 26 and 40: Airflow's backfill of `traffic_hourly` over hours already ingested, then over the same
+        hours once final, through the REST API of the embedded Airflow (`scripts/airflow.sh`), with its live runs:
+        on PostgreSQL (`make airflow`'s default) and, beside it, on SQLite (only on request)."""
+        from tests.e2e.conftest import database_folder
+
+        hours = self.args.airflow_hours
+        results = {}
+        for database in ("postgres", "sqlite"):
+            with database_folder() as pgdata:
+                results[database] = self._airflow_backfills(database, pgdata)
+        self.results["airflow"] = results
+        rows = []
+        for database, measured in results.items():
+            for label, r in measured.items():
+                tasks = ", ".join(f"{k} {n}× {mean:.1f} s" for k, (n, mean) in sorted(r["tasks"].items()))
+                where = ", ".join(f"{part} {took:.1f} s" for part, took in r["split"].items())
+                span = r["span"]
+                rows.append(f"| {AIRFLOW_DATABASES[database]} | {label} | {span['to_last_run']:.0f} s (first run after "
+                            f"{span['before_first_run']:.0f} s); marked complete {span['marked_complete_after']:.0f} s "
+                            f"later | {r['per_hour']:.1f} s ({r['per_hour_complete']:.1f} s until marked complete) | "
+                            f"{where} | {r['runs']} runs, {'/'.join(r['states'])} | {tasks} |")
+        self.add([
+            f"### Airflow backfill of `traffic_hourly`: {hours} hours through the REST API, PostgreSQL and SQLite",
+            "",
+            "The embedded Airflow (`scripts/airflow.sh`), its metadata in its own PostgreSQL (the default) or, beside "
+            f"it, in SQLite (`TRAFFIC_AIRFLOW_DB=sqlite`); its live run of the latest hour waiting for the watermark; "
+            f"{self.args.airflow_per_hour:,} records an hour ingested with `traffic ingest` first. "
+            "Where a run's time goes (mean seconds a run): its tasks from start to end (a task's process start-up "
+            "and its own work), the scheduler's gaps inside a run (before, between and after its tasks), and the gap "
+            "from one run's end to the next one's start. Then the tasks that ran: how many, and their mean time. "
+            "A backfill's span is from its creation to the end of its last run, in Airflow's clock; Airflow marks it "
+            "complete at its next 30-second check, a fixed 0–30 s whatever the backfill's length.",
+            "",
+            "| metadata | backfill over hours | span | per hour | where a run's time goes | runs | tasks that ran "
+            "(count × mean) |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+        ], *(figure(f"Airflow backfill on {AIRFLOW_DATABASES[database]}, {name} hours",
+                    f"{r['per_hour']:.1f} s an hour ({r['per_hour_complete']:.1f} s until marked complete)",
+                    f"≤ {target} s an hour" if database == "postgres" else "— (beside PostgreSQL)",
+                    r["states"] == ["success"] and r["per_hour"] <= target if database == "postgres" else None)
+             for database, measured in results.items()
+             for name, r, target in (("ingested", measured["ingested, not frozen"], 6),
+                                     ("final", measured["already final"], 3))))
+
+    def _airflow_backfills(self, database: str, pgdata: Path) -> dict:
+        """One embedded Airflow on ``database`` (a new warehouse, ingested first): the two backfills' figures."""
         import signal
         import subprocess
 
@@ -688,12 +735,12 @@ class Bench:
                     time.sleep(2)
 
         hours = self.args.airflow_hours
-        folder = self.work / "airflow"
+        folder = self.work / f"airflow-{database}"
         home, warehouse, inbox = folder / "home", folder / "warehouse", folder / "inbox"
         now = dt.datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
         start = now - dt.timedelta(hours=hours + 24)  # finished intervals, well inside max_history
         (inbox / "edge").mkdir(parents=True)
-        log(f"airflow: {hours + 1} hours of feed, ingested with `traffic ingest` …")
+        log(f"airflow ({database}): {hours + 1} hours of feed, ingested with `traffic ingest` …")
         feeds.generate(inbox / "edge" / "feed.csv", self.args.airflow_per_hour * (hours + 1), hours + 1, 4000, 26,
                        start=start)
         done = timed_process([str(TRAFFIC), "ingest", "--warehouse", str(warehouse), "--inbox", str(inbox)])
@@ -703,6 +750,7 @@ class Bench:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAFFIC_", "AIRFLOW", "PYSPARK_"))}
         env.update({"AIRFLOW_HOME": str(home), "AIRFLOW__API__PORT": str(port), "TRAFFIC_WAREHOUSE": str(warehouse),
                     "TRAFFIC_INBOX": str(inbox), "TRAFFIC_AIRFLOW_UNPAUSE": "", "TRAFFIC_INGEST_EVERY_MINUTES": "60",
+                    "TRAFFIC_AIRFLOW_DB": database, "TRAFFIC_AIRFLOW_PGDATA": str(pgdata),
                     "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
         with open(folder / "airflow.log", "wb") as out:
             process = subprocess.Popen(["bash", str(REPO / "scripts" / "airflow.sh")], cwd=REPO, env=env, stdout=out,
@@ -713,9 +761,9 @@ class Bench:
             api = self._airflow_api(AirflowApi, home, f"http://127.0.0.1:{port}", process, folder / "airflow.log")
             last = start + dt.timedelta(hours=hours - 1)
             for label, reprocess in (("ingested, not frozen", "none"), ("already final", "completed")):
-                log(f"airflow: backfill of {hours} hours, {label} …")
+                log(f"airflow ({database}): backfill of {hours} hours, {label} …")
                 clock = time.monotonic()
-                backfill = create_backfill(api, "traffic_hourly", start, last, reprocess=reprocess)
+                backfill = patient(create_backfill, api, "traffic_hourly", start, last, reprocess)
                 patient(api.unpause, "traffic_hourly")
                 while not (done := patient(backfill_completed, api, backfill))[1]:
                     backfill = done[0]
@@ -742,40 +790,11 @@ class Bench:
                                   "states": states, "tasks": {k: (len(v), sum(v) / len(v)) for k, v in split.items()},
                                   "task_seconds_per_hour": sum(sum(v) for v in split.values()) / hours,
                                   "split": run_time_split(runs)}
-                log(f"airflow: {label}: {span['to_last_run']:.0f} s to the last run's end, "
+                log(f"airflow ({database}): {label}: {span['to_last_run']:.0f} s to the last run's end, "
                     f"{results[label]['per_hour']:.1f} s an hour; {seconds:.0f} s until marked complete; runs {states}")
         finally:
-            _stop(process, home)
-        self.results["airflow"] = results
-        rows = []
-        for label, r in results.items():
-            tasks = ", ".join(f"{k} {n}× {mean:.1f} s" for k, (n, mean) in sorted(r["tasks"].items()))
-            where = ", ".join(f"{part} {took:.1f} s" for part, took in r["split"].items())
-            span = r["span"]
-            rows.append(f"| {label} | {span['to_last_run']:.0f} s (first run after "
-                        f"{span['before_first_run']:.0f} s); marked complete {span['marked_complete_after']:.0f} s "
-                        f"later | {r['per_hour']:.1f} s ({r['per_hour_complete']:.1f} s until marked complete) | "
-                        f"{where} | {r['runs']} runs, {'/'.join(r['states'])} | {tasks} |")
-        unfrozen, final = results["ingested, not frozen"], results["already final"]
-        self.add([
-            f"### Airflow backfill of `traffic_hourly`: {hours} hours through the REST API",
-            "",
-            f"The embedded Airflow (`scripts/airflow.sh`, SQLite), its live run of the latest hour waiting for the "
-            f"watermark; {self.args.airflow_per_hour:,} records an hour ingested with `traffic ingest` first. "
-            "Where a run's time goes (mean seconds a run): its tasks from start to end (a task's process start-up "
-            "and its own work), the scheduler's gaps inside a run (before, between and after its tasks), and the gap "
-            "from one run's end to the next one's start. Then the tasks that ran: how many, and their mean time. "
-            "A backfill's span is from its creation to the end of its last run, in Airflow's clock; Airflow marks it "
-            "complete at its next 30-second check, a fixed 0–30 s whatever the backfill's length.",
-            "",
-            "| backfill over hours | span | per hour | where a run's time goes | runs | tasks that ran "
-            "(count × mean) |",
-            "|---|---|---|---|---|---|",
-            *rows,
-            "",
-        ], *(figure(f"Airflow backfill, {name} hours", f"{r['per_hour']:.1f} s an hour ({r['per_hour_complete']:.1f} s "
-                    "until marked complete)", f"≤ {target} s an hour", r["states"] == ["success"] and r["per_hour"] <= target)
-             for name, r, target in (("ingested", unfrozen, 6), ("final", final, 3))))
+            _stop(process, home, pgdata)
+        return results
 
     @staticmethod
     def _airflow_api(client, home: Path, url: str, process, log_path: Path):
