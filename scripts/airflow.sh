@@ -96,16 +96,17 @@ else
 fi
 
 # The warm Spark: the DAGs' Spark steps run as clients of the warehouse's Spark Connect server
-# (`traffic spark start`, 127.0.0.1, its own token), so an hourly close starts no JVM; a watcher in
-# the background stops it once Airflow has stopped (exec below keeps this shell's pid).
+# (`traffic spark start`, 127.0.0.1, its own token), so an hourly close starts no JVM; the supervisor
+# stops it once Airflow's components have stopped (--on-stop), before PostgreSQL, and says so.
 # TRAFFIC_SPARK_CONNECT="" keeps every Spark step a spark-submit.
 export TRAFFIC_SPARK_CONNECT=${TRAFFIC_SPARK_CONNECT-auto}
 warm="off (every Spark step a spark-submit)"
+on_stop=()
 if [ "$TRAFFIC_SPARK_CONNECT" = auto ]; then
   where=(--warehouse "$TRAFFIC_WAREHOUSE" --inbox "$TRAFFIC_INBOX")
   .venv/bin/traffic spark start "${where[@]}" >/dev/null
   warm=$(.venv/bin/traffic spark status "${where[@]}" | head -n 1)
-  (while kill -0 $$ 2>/dev/null; do sleep 2; done; .venv/bin/traffic spark stop "${where[@]}" >/dev/null 2>&1) &
+  on_stop=(--on-stop "$(printf '%q ' "$root/.venv/bin/traffic" spark stop "${where[@]}")")
 fi
 
 echo "------------------------------------------------------------------------------"
@@ -170,4 +171,4 @@ PY
 # PostgreSQL. Started in the background (`make airflow &`, nohup, a CI step) a shell ignores SIGINT and
 # cannot un-ignore it, and what it starts would inherit that: SIGINT is restored to its default first.
 exec .venv/bin/python -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
-  .venv/bin/python -m traffic.orchestration.embedded run "${pgdata[@]}"
+  .venv/bin/python -m traffic.orchestration.embedded run "${pgdata[@]}" "${on_stop[@]}"

@@ -17,46 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import _our_processes
+from tests.support.sockets import socket_inodes, tcp_listening
 
 pytestmark = pytest.mark.slow  # it starts a real Airflow
-
-
-def _listening() -> dict[int, tuple[str, int]]:
-    """Listening TCP sockets of this machine: inode -> (address, port), IPv4 and IPv6."""
-    found = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], int(fields[9])
-            if state != "0A":  # LISTEN
-                continue
-            hex_address, hex_port = local.split(":")
-            raw = bytes.fromhex(hex_address)
-            # /proc prints the address as 32-bit words in host (little-endian) order
-            packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            address = ipaddress.ip_address(packed)
-            address = getattr(address, "ipv4_mapped", None) or address  # ::ffff:127.0.0.1 is 127.0.0.1
-            found[inode] = (str(address), int(hex_port, 16))
-    return found
-
-
-def _socket_inodes(pid: int) -> set[int]:
-    inodes = set()
-    try:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(int(target[8:-1]))
-    except OSError:
-        pass
-    return inodes
 
 
 def _session(pid: int) -> int | None:
@@ -112,9 +75,9 @@ def test_only_loopback_listens_and_the_secrets_are_the_owners(airflow):
     ours: dict = {}
     window = time.monotonic() + 20
     while time.monotonic() < window:
-        listening = _listening()
+        listening = tcp_listening()
         for pid in _airflow_processes(airflow.home) + _server_processes(pgdata / "data"):
-            for inode in _socket_inodes(pid) & set(listening):
+            for inode in socket_inodes(pid) & set(listening):
                 ours[listening[inode]] = _command(pid)
         exposed = {where: command for where, command in ours.items()
                    if not ipaddress.ip_address(where[0]).is_loopback}

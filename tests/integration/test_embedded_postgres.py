@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.sockets import socket_inodes, tcp_listening
 from tests.unit.test_embedded_airflow import Supervised, alive, gone
 from traffic.orchestration import embedded
 from traffic.orchestration.embedded import Refused
@@ -72,29 +73,6 @@ def server_processes(data: Path) -> list[int]:
     return found
 
 
-def tcp_listeners() -> set[int]:
-    """Socket inodes of every listening TCP socket of this machine, IPv4 and IPv6."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A":
-                inodes.add(int(fields[9]))
-    return inodes
-
-
-def socket_inodes(pid: int) -> set[int]:
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(int(target[8:-1]))
-    return inodes
-
-
 def server_uid() -> int:
     return pwd.getpwnam("postgres").pw_uid if os.geteuid() == 0 else os.geteuid()
 
@@ -115,7 +93,7 @@ def test_the_server_accepts_its_socket_only_keeps_the_password_private_and_stops
         servers = server_processes(folder.data)
         assert len(servers) >= 3, servers  # the postmaster, its background processes and the client's backend
         assert all(Path(f"/proc/{pid}").stat().st_uid == server_uid() for pid in servers)
-        exposed = {pid: socket_inodes(pid) & tcp_listeners() for pid in servers}
+        exposed = {pid: socket_inodes(pid) & set(tcp_listening()) for pid in servers}
         assert not any(exposed.values()), f"a server process listens on TCP: {exposed}"
     finally:
         code = run.ctrl_c()

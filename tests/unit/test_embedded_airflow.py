@@ -29,7 +29,7 @@ from pathlib import Path
 from traffic.orchestration.embedded import PostgresFolder, Supervisor
 spec = json.loads(sys.argv[1])
 folder = PostgresFolder(Path(spec["pgdata"])) if spec.get("pgdata") else None
-options = {k: spec[k] for k in ("grace", "restarts", "second_signal", "stop_after") if k in spec}
+options = {k: spec[k] for k in ("grace", "restarts", "second_signal", "stop_after", "on_stop") if k in spec}
 sys.exit(Supervisor([tuple(c) for c in spec["components"]], setup=[tuple(c) for c in spec.get("setup", [])],
                     postgres=folder, **options).run())
 """
@@ -172,6 +172,34 @@ def test_ctrl_c_stops_every_child_and_what_they_started_and_exits_0(supervised, 
     assert "exited unexpectedly" not in text, text
     assert text.rstrip().endswith("[airflow] stopped"), text
     assert gone(pids, timeout=2) == [], text
+
+
+def test_the_on_stop_command_runs_once_the_components_have_stopped(supervised, tmp_path):
+    # `make airflow` stops the warm Spark server this way: after Airflow's components, its output on the console.
+    on_stop = [sys.executable, "-c", "import os; print('steady still running:', os.path.exists('steady.alive'));"
+                                     "open('on_stop.ran', 'w').close(); print('warm server stopped')"]
+    steady = ("steady", [sys.executable, "-c", (
+        "import os, signal, sys, time\n"
+        "open('steady.alive', 'w').close()\n"
+        "signal.signal(signal.SIGINT, lambda *_: (os.remove('steady.alive'), sys.exit(0)))\n"
+        "print('steady up', flush=True)\n"
+        "while True: time.sleep(1)\n")])
+    run = supervised([steady], on_stop=on_stop)
+    run.wait_for("steady up")
+    assert not (tmp_path / "on_stop.ran").exists()
+    assert run.ctrl_c() == 0, run.text()
+    text = run.text()
+    assert (tmp_path / "on_stop.ran").exists(), text
+    assert "[airflow] steady still running: False" in text and "[airflow] warm server stopped" in text, text
+    assert text.index("[airflow] warm server stopped") < text.index("[airflow] stopped"), text
+
+
+def test_a_failing_on_stop_command_is_said_and_the_stop_goes_on(supervised, tmp_path):
+    run = supervised([sleeper("steady")], on_stop=[sys.executable, "-c", "import sys; print('no server'); sys.exit(3)"])
+    run.wait_for("steady up")
+    assert run.ctrl_c() == 0, run.text()
+    text = run.text()
+    assert "[airflow] no server" in text and "exited with 3" in text and text.rstrip().endswith("[airflow] stopped"), text
 
 
 def test_sigterm_stops_it_too(supervised, tmp_path):

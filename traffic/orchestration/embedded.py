@@ -27,6 +27,7 @@ import os
 import pwd
 import secrets
 import selectors
+import shlex
 import shutil
 import signal
 import stat
@@ -54,6 +55,8 @@ STOP_GRACE, POSTGRES_GRACE, SECOND_SIGNAL = 15.0, 4.0, 5.0
 #: Stopped once these have exited: tasks that finish while the scheduler stops report to the API server.
 STOP_AFTER = {"api-server": ("scheduler",)}
 READY_TIMEOUT = 60.0
+#: How long the ``--on-stop`` command (the warm Spark server's stop) may take before the stop goes on without it.
+ON_STOP_TIMEOUT = 60.0
 
 MIGRATE = ("db-migrate", ("airflow", "db", "migrate"))
 #: The components `airflow standalone` ran, without the scheduler's and triggerer's log servers (the API
@@ -421,8 +424,10 @@ class Supervisor:
                  postgres: PostgresFolder | None = None, env: Mapping[str, str] | None = None,
                  restarts: int = RESTARTS, window: float = WINDOW, grace: float = STOP_GRACE,
                  postgres_grace: float = POSTGRES_GRACE, second_signal: float = SECOND_SIGNAL,
-                 stop_after: Mapping[str, Sequence[str]] = STOP_AFTER, out: TextIO | None = None):
+                 stop_after: Mapping[str, Sequence[str]] = STOP_AFTER, out: TextIO | None = None,
+                 on_stop: Sequence[str] = ()):
         self.components = [Child(name, list(argv)) for name, argv in components]
+        self.on_stop = list(on_stop)  # a command run once the components have stopped (the warm Spark's stop)
         self.setup = [Child(name, list(argv)) for name, argv in setup]
         self.postgres = postgres
         self.env = dict(os.environ if env is None else env)
@@ -655,6 +660,7 @@ class Supervisor:
                  + (", then PostgreSQL" if self.server and self.server.alive() else ""))
         self._stop(running)
         self._kill_leftovers()
+        self._run_on_stop()
         if self.server is not None and self.server.alive():
             _signal([self.server.process.pid], signal.SIGINT)
             deadline = time.monotonic() + self.postgres_grace
@@ -697,6 +703,21 @@ class Supervisor:
             _signal([child.process.pid, *descendants(child.process.pid)], signal.SIGKILL)
             child.process.wait()
 
+    def _run_on_stop(self) -> None:
+        """The ``on_stop`` command, its output said on the console; a failure is said, and the stop goes on."""
+        if not self.on_stop:
+            return
+        try:
+            done = subprocess.run(self.on_stop, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=ON_STOP_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            self.say(f"{shlex.join(self.on_stop)} failed: {error}")
+            return
+        for line in done.stdout.splitlines():
+            self.say(line)
+        if done.returncode:
+            self.say(f"{shlex.join(self.on_stop)} exited with {done.returncode}")
+
     def _kill_leftovers(self) -> None:
         """SIGKILL to whatever the stopped components left; waits (at most 5 s) until it is gone."""
         deadline = time.monotonic() + 5
@@ -716,6 +737,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        ("url", "print the SQLAlchemy URL of its database"),
                        ("run", "start PostgreSQL (with --pgdata) and Airflow's components; watch and stop them")):
         command = commands.add_parser(name, help=text)
+        if name == "run":
+            command.add_argument("--on-stop", default="", metavar="COMMAND",
+                                 help="a command (shell words) run once the components have stopped, before "
+                                      "PostgreSQL: `make airflow` stops the warm Spark server with it")
         command.add_argument("--pgdata", type=Path, required=name != "run",
                              help="the PostgreSQL folder (TRAFFIC_AIRFLOW_PGDATA); run without it: the database "
                                   "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN names")
@@ -731,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Refused, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return Supervisor(COMPONENTS, postgres=folder).run()
+    return Supervisor(COMPONENTS, postgres=folder, on_stop=shlex.split(args.on_stop)).run()
 
 
 if __name__ == "__main__":
