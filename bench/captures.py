@@ -79,7 +79,7 @@ def orient(src: str, dst: str, size: int, totals: dict) -> None:
 
 def pair_totals(settings) -> dict:
     """Per (local, remote) [packets, bytes] of the warehouse's ``packets`` table, as tshark's are counted."""
-    from traffic.storage.delta import Warehouse
+    from traffic.storage.warehouse import Warehouse
 
     packets = Warehouse(settings, engine="rs").table("packets").read_arrow(columns=["local_ip", "remote_ip", "bytes"])
     totals: dict = {}

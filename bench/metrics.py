@@ -32,7 +32,7 @@ from traffic.core.periods import HOUR, PANE, day_start  # noqa: E402
 from traffic.core.settings import load_settings  # noqa: E402
 from traffic.reporting import metrics  # noqa: E402
 from traffic.storage import state as st  # noqa: E402
-from traffic.storage.delta import Warehouse  # noqa: E402
+from traffic.storage.warehouse import Warehouse  # noqa: E402
 
 UTC = timezone.utc
 START = datetime(2026, 10, 1, tzinfo=UTC)

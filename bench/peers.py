@@ -55,7 +55,7 @@ from pathlib import Path
 
 PROCESS_START = time.perf_counter()  # before the engine (and pyarrow) is imported: see process_seconds
 
-HOUR_FORMAT = "%Y-%m-%dT%H"  # the pipeline's hour key (traffic/storage/delta.py), e.g. 2026-03-10T05
+HOUR_FORMAT = "%Y-%m-%dT%H"  # the pipeline's hour key (traffic/storage/keys.py), e.g. 2026-03-10T05
 # The feed's 8 columns in file order, with the type each is read as.
 FEED_COLUMNS = {
     "new": "VARCHAR",

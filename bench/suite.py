@@ -577,7 +577,7 @@ class Bench:
 
     def case_history(self) -> None:
         from traffic.app.runs import close
-        from traffic.storage.delta import Warehouse
+        from traffic.storage.warehouse import Warehouse
         from traffic.app.runs import ingest
         from traffic.storage.schemas import TABLES
 

@@ -26,7 +26,10 @@ PACKAGE = "traffic"
 #: Lower numbers sit lower; equal numbers may import each other's modules (without loops).
 RANKS = {"core": 0, "io": 1, "storage": 1, "runtime": 1, "accounting": 2, "quality": 2, "reporting": 3,
          "app": 4, "orchestration": 4}
-MAX_LAYERS = 9
+#: 9 until the Delta layer was split (issue 35): its door (``storage.warehouse``) now sits over the engines,
+#: the tables' shared reads and the keys, three layers where one ``delta.py`` was. Annotation-only imports of
+#: ``Warehouse`` (``storage.state`` and every module above it) still count; issue 37 is to bring it down.
+MAX_LAYERS = 12
 #: Code that runs on Spark executors, and what it may import (never a driver-side step, report or app).
 EXECUTOR_ENTRIES = ("traffic.accounting.batch_tasks", "traffic.accounting.freeze_tasks")
 EXECUTOR_SAFE = ("traffic.core", "traffic.io", "traffic.storage", "traffic.accounting.parts",

@@ -394,7 +394,7 @@ def _wait_for_completion(airflow, backfill: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def backfills(airflow, browser) -> Backfills:
-    from traffic.storage.delta import Warehouse
+    from traffic.storage.warehouse import Warehouse
 
     api, repeats = airflow.api, []
     deadline = time.monotonic() + 60

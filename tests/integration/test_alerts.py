@@ -317,7 +317,7 @@ def test_the_notifier_mails_each_alert_once_across_two_calls(run, tmp_path, monk
         assert {to for _, rcpt, _ in mailbox.messages for to in rcpt} == {"noc@example.org"}
     finally:
         mailbox.stop()
-    from traffic.storage.delta import Warehouse
+    from traffic.storage.warehouse import Warehouse
 
     assert read_sent(Warehouse(settings, engine="rs")) == {r["alert_id"] for r in harness.table("alerts")}
 

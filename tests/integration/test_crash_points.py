@@ -32,7 +32,7 @@ import pytest
 from tests.support import flow_encoder as fe
 from tests.support.forkserver import ForkServer
 from tests.support.harness import Harness, feed_line, tick_line
-from traffic.storage import delta
+from traffic.storage import faults
 
 UTC = timezone.utc
 T0 = datetime(2026, 10, 31, 22, tzinfo=UTC)
@@ -155,9 +155,9 @@ def scenario(spark, tmp_path_factory):
         tables.append(_snapshot(harness))
         if index == len(SCENARIO):
             break
-        delta.STEPS_REACHED.clear()
+        faults.STEPS_REACHED.clear()
         _run_one(harness, index)
-        for step in delta.STEPS_REACHED:
+        for step in faults.STEPS_REACHED:
             counts[step] = counts.get(step, 0) + 1
             points.append((f"{step}#{counts[step]}", index))
     return states, tables, points

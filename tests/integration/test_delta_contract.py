@@ -13,7 +13,9 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from traffic.storage.delta import StorageError, Warehouse, choose_engine
+from traffic.storage.table import StorageError
+
+from traffic.storage.warehouse import Warehouse, choose_engine
 from traffic.core.settings import load_settings
 
 UTC = timezone.utc
@@ -151,7 +153,7 @@ def test_rs_tables_checkpoint_every_few_commits_and_close_catches_up_older_ones(
     from deltalake import DeltaTable, Schema
 
     from traffic.accounting.close import maintain
-    from traffic.storage.delta import CHECKPOINT_EVERY
+    from traffic.storage.table import CHECKPOINT_EVERY
 
     settings = load_settings(environ={}, overrides={"warehouse": tmp_path / "w", "inbox": tmp_path / "in"})
     warehouse = Warehouse(settings, engine="rs")
@@ -289,7 +291,7 @@ def test_maintenance_gives_older_tables_todays_settings(tmp_path):
 
     from deltalake import DeltaTable, Schema
 
-    from traffic.storage.delta import TABLE_CONFIGURATION
+    from traffic.storage.table import TABLE_CONFIGURATION
 
     settings = load_settings(environ={}, overrides={"warehouse": tmp_path / "w", "inbox": tmp_path / "in"})
     warehouse = Warehouse(settings, engine="rs")

@@ -34,7 +34,7 @@ from traffic.app import cli
 from traffic.reporting import export
 from traffic.reporting.top import top_talkers
 from traffic.storage import state as st
-from traffic.storage.delta import RsTable, Warehouse
+from traffic.storage.table import Table
 from traffic.storage.schemas import arrow_schema
 
 UTC = timezone.utc
@@ -330,7 +330,7 @@ def test_a_failed_period_is_never_exported(built, spark, tmp_path, capsys):
 
 def test_one_read_per_file_group_with_progress_and_a_failed_export_leaves_no_file(built, tmp_path, monkeypatch):
     reads, fail_at = [], []
-    real = RsTable.read_arrow
+    real = Table.read_arrow
 
     def counted(self, *args, **kwargs):
         if self.name == "hourly":
@@ -339,7 +339,7 @@ def test_one_read_per_file_group_with_progress_and_a_failed_export_leaves_no_fil
                 raise OSError(5, "Input/output error")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(RsTable, "read_arrow", counted)
+    monkeypatch.setattr(Table, "read_arrow", counted)
     lines = []
     out = tmp_path / "hourly.csv"
     written = export.export_table(built.warehouse(), "hourly", datetime(2026, 10, 30, tzinfo=UTC),

@@ -15,13 +15,14 @@ import pytest
 
 from tests.support.harness import Harness, feed_line, tick_line
 from traffic.accounting import close as close_mod
-from traffic.storage import delta
+from traffic.storage import table as delta_table
+from traffic.storage.engines.rs import RsTable
 from traffic.storage.schemas import TABLES, columns
 
 UTC = timezone.utc
 T0 = datetime(2026, 10, 30, 20, tzinfo=UTC)
 #: The module values the ``runs`` fixture patches, as imported.
-BEFORE = (close_mod.MERGED, close_mod.VACUUM_EVERY, dict(delta.TABLE_CONFIGURATION))
+BEFORE = (close_mod.MERGED, close_mod.VACUUM_EVERY, dict(delta_table.TABLE_CONFIGURATION))
 
 
 def _run(harness: Harness) -> None:
@@ -51,7 +52,7 @@ def runs(spark, tmp_path_factory):
         _run(plain)
     kept = Harness(base / "kept", spark, keep_hours=3)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(delta.TABLE_CONFIGURATION, "delta.deletedFileRetentionDuration", "interval 0 seconds")
+        patch.setitem(delta_table.TABLE_CONFIGURATION, "delta.deletedFileRetentionDuration", "interval 0 seconds")
         patch.setattr(close_mod, "VACUUM_EVERY", timedelta(0))
         _run(kept)
     return plain, kept
@@ -91,7 +92,7 @@ def test_only_live_files_stay_on_disk(runs):
 
 def test_the_runs_leave_the_module_settings_as_they_were(runs):
     """What the fixture patched is undone: later tests close with the real merge, vacuum period and retention."""
-    assert (close_mod.MERGED, close_mod.VACUUM_EVERY, delta.TABLE_CONFIGURATION) == BEFORE
+    assert (close_mod.MERGED, close_mod.VACUUM_EVERY, delta_table.TABLE_CONFIGURATION) == BEFORE
 
 
 def test_a_new_warehouse_waits_a_vacuum_period_before_its_first(spark, tmp_path, monkeypatch):
@@ -99,7 +100,7 @@ def test_a_new_warehouse_waits_a_vacuum_period_before_its_first(spark, tmp_path,
     harness.deliver("r1", "\n".join([feed_line(T0), tick_line(T0 + timedelta(hours=1, minutes=5))]) + "\n")
     harness.ingest()
     calls = []
-    monkeypatch.setattr(delta.RsTable, "vacuum", lambda self, retention_hours=None: calls.append(self.name) or [])
+    monkeypatch.setattr(RsTable, "vacuum", lambda self, retention_hours=None: calls.append(self.name) or [])
     harness.close()
     stamp = harness.warehouse().state_dir() / "vacuumed"
     assert stamp.exists() and not calls

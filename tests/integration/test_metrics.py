@@ -28,7 +28,7 @@ from tests.support.harness import Harness, feed_line, tick_line
 from traffic.accounting.close import CheckFailed
 from traffic.app import cli, runs
 from traffic.reporting.metrics import STATE_FILE
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.storage.journal import state_folder
 
 UTC = timezone.utc

@@ -25,7 +25,7 @@ from traffic.quality import suites as quality
 from traffic.storage import state as st
 from traffic.accounting.close import CheckFailed
 from traffic.app.runs import close
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 
 UTC = timezone.utc
 START = datetime(2026, 10, 31, 21, tzinfo=UTC)
@@ -300,7 +300,8 @@ def test_freeze_recomputes_the_same_with_arrow_tasks_as_with_spark(spark, tmp_pa
     import pyarrow.parquet as pq
 
     from traffic.accounting.close import recompute_arrow, recompute_spark
-    from traffic.storage.delta import Staged, cluster_key
+    from traffic.storage.staging import Staged
+    from traffic.storage.keys import cluster_key
 
     accounts = tmp_path / "accounts.toml"
     accounts.write_text('[[version]]\nname = "v1"\neffective_from = 2026-10-01\n'
@@ -324,7 +325,8 @@ def test_freeze_recomputes_the_same_with_arrow_tasks_as_with_spark(spark, tmp_pa
     keys = [cluster_key(h, "hour") for h in hours]
     assert len(warehouse.table("packets").files(keys=keys)) > len(keys)
 
-    arrow, spark_side = recompute_arrow(warehouse, keys), recompute_spark(warehouse, keys)
+    listed = warehouse.table("packets").paths_by_period(keys), warehouse.table("hourly").paths_by_period(keys)
+    arrow, spark_side = recompute_arrow(warehouse, keys, *listed), recompute_spark(warehouse, keys)
     try:
         def rows_of(frame, columns):
             if isinstance(frame, Staged):  # what the Arrow tasks wrote, not yet committed

@@ -20,7 +20,8 @@ from tests.support.harness import Harness
 from traffic.core.accounts import load_accounts
 from traffic.app.cli import main
 from traffic.core.periods import hour_floor
-from traffic.storage.delta import RsTable, Warehouse
+from traffic.storage.table import Table
+from traffic.storage.warehouse import Warehouse
 from traffic.reporting.top import KEYS, TopError, top_talkers
 
 UTC = timezone.utc
@@ -157,13 +158,13 @@ def test_windows_over_a_merged_day_read_it_once_and_give_the_same_totals(warehou
     merged.close()  # freezes up to the watermark: 2026-11-03 is wholly frozen, and merged
     assert any("k=2026-11-03/" in f.path for f in merged.warehouse().table("hourly").files())
     reads = defaultdict(int)
-    read_arrow = RsTable.read_arrow
+    read_arrow = Table.read_arrow
 
     def counted(self, *args, **kwargs):
         reads[self.name] += 1
         return read_arrow(self, *args, **kwargs)
 
-    monkeypatch.setattr(RsTable, "read_arrow", counted)
+    monkeypatch.setattr(Table, "read_arrow", counted)
     watermark = merged.watermark
     for by in ("host", "account"):
         for last in (timedelta(hours=24), timedelta(days=7)):

@@ -20,7 +20,7 @@ from tests.support import capture_factory as cf
 from tests.support.harness import Harness, micros
 from traffic.accounting.close import CheckFailed
 from traffic.app.runs import close
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 
 UTC = timezone.utc
 START = datetime(2026, 10, 31, 21, tzinfo=UTC)

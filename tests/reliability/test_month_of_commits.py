@@ -22,8 +22,9 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
-from traffic.storage import delta
-from traffic.storage.delta import Warehouse, cluster_key
+from traffic.storage.engines import rs as rs_engine
+from traffic.storage.warehouse import Warehouse
+from traffic.storage.keys import cluster_key
 from traffic.core.settings import load_settings
 
 UTC = timezone.utc
@@ -71,7 +72,7 @@ def simulate_month(root, setattr, measure_reads: bool = False):
     log_dir = str(table.path / "_delta_log")
     commit_times: dict[int, datetime] = {0: T0}
     simulated = {"now": T0}
-    setattr(delta, "_now_ms", lambda: int(simulated["now"].timestamp() * 1000))
+    setattr(rs_engine, "_now_ms", lambda: int(simulated["now"].timestamp() * 1000))
     curve = []
     version = table.version()
     for i in range(BATCHES):

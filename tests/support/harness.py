@@ -7,7 +7,7 @@ from pathlib import Path
 
 from traffic.storage import state as st
 from traffic.app.runs import close
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.app.runs import ingest
 from traffic.core.settings import load_settings
 

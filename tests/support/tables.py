@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from traffic.core.settings import load_settings
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.storage.schemas import TABLES
 from traffic.storage.state import rows
 

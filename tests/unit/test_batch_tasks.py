@@ -15,7 +15,7 @@ from traffic.accounting import batch_tasks as B
 from traffic.accounting import parts
 from traffic.accounting.panes import Mapping, account_parts
 from traffic.core.accounts import UNASSIGNED
-from traffic.storage.delta import Staged, write_staged
+from traffic.storage.staging import Staged, write_staged
 from traffic.core.records import PARSED_SCHEMA
 
 UTC = timezone.utc
@@ -194,7 +194,7 @@ def test_files_written_by_several_threads_equal_those_written_by_one(tmp_path):
 
 
 def write_staged_threads(table: pa.Table, folder, threads: int) -> int:
-    from traffic.storage.delta import write_keyed
+    from traffic.storage.staging import write_keyed
 
     return write_keyed(table, "hourly", folder, "part", threads=threads)
 

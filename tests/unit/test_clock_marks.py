@@ -83,7 +83,7 @@ def test_clock_state_survives_the_batch_plan_and_a_plan_from_before_marks():
 def test_a_clocks_table_written_before_marks_loads_with_each_source_clock_as_its_mark(tmp_path):
     from deltalake import DeltaTable, Schema
 
-    from traffic.storage.delta import Warehouse
+    from traffic.storage.warehouse import Warehouse
     from traffic.core.settings import load_settings
 
     settings = load_settings(environ={}, overrides={"warehouse": tmp_path / "w", "inbox": tmp_path / "in"})

@@ -172,7 +172,7 @@ def test_a_32_character_non_ascii_account_gets_its_bill_page_and_the_index_links
 def empty_warehouse(tmp_path_factory) -> Path:
     """A warehouse with every table and no rows (delta-rs, no Spark): each command reaches its writing."""
     from traffic.core.settings import build_settings
-    from traffic.storage.delta import Warehouse
+    from traffic.storage.warehouse import Warehouse
 
     root = tmp_path_factory.mktemp("hardening") / "warehouse"
     Warehouse(build_settings({"warehouse": root}), engine="rs").create_all()

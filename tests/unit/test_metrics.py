@@ -15,7 +15,7 @@ from traffic.core.clock import ClockState
 from traffic.core.settings import load_settings
 from traffic.reporting import metrics
 from traffic.storage import state as st
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.storage.journal import Journal
 
 UTC = timezone.utc

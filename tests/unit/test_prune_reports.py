@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.quality.suites import prune_reports, reports_dir, run_periods_end
 from traffic.core.settings import load_settings
 

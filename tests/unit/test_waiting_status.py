@@ -13,7 +13,7 @@ from traffic.app.cli import main
 from traffic.core.settings import load_settings
 from traffic.reporting import metrics
 from traffic.storage import state as st
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 3, 10, tzinfo=UTC)

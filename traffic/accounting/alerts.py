@@ -36,7 +36,7 @@ from traffic.core.alerts import KINDS, commit_crossing, pane_bytes_over, burst_a
 from traffic.core.billing import BillingPeriod, billed_series
 from traffic.core.periods import PANE, PUBLISHED, hour_floor, period_end
 from traffic.storage import state as st
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 
 UTC = timezone.utc
 HOUR = timedelta(hours=1)

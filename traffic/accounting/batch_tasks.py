@@ -35,7 +35,7 @@ from traffic.accounting.parts import (SUMMARY, REJECT_ROWS, TELEMETRY_STATE, _PA
                                       rows_of_groups_past_int64, save_part, weights)
 from traffic.core.periods import late_mask, micros
 from traffic.core.records import MAX_REASON_CHARS, PACKET, PARSED_SCHEMA, REJECT as REJECT_KIND
-from traffic.storage.delta import write_staged
+from traffic.storage.staging import write_staged
 from traffic.io.files import PieceChanged, read_piece
 from traffic.io.readers import CAPTURE, CSV_HEADER, FLOWS, parse_bytes, unreadable_chunk
 from traffic.io.telemetry import LOST_SCHEMA, TelemetryRules, TelemetryState, read_telemetry

@@ -37,7 +37,7 @@ from traffic.core.billing import (
     pane_series,
 )
 from traffic.core.periods import PANE, PUBLISHED, hour_ceil, hour_floor, hours_between, month_start, next_month
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.accounting.panes import account_map
 from traffic.accounting.parts import group_sums
 from traffic.core.alerts import overage_bps

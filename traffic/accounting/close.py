@@ -31,12 +31,12 @@ from traffic.core.periods import (PUBLISHED, closed_hours, day_start, days_due, 
                                   days_between, days_of_month, expected_sources_window, hour_floor, hours_between, hours_of_day,
                                   is_published, month_start, months_due, next_month, panes_of, period_end,
                                   retention_floor, starts)
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.core.settings import Settings, SettingsError
 from traffic.quality.suites import build_data_docs, preload, prune_reports
 from traffic.quality.suites import Validation
 from traffic.quality.suites import period_label
-from traffic.storage.delta import RsTable, cluster_key
+from traffic.storage.keys import cluster_key
 from traffic.accounting import parts
 from traffic.accounting import freeze_tasks
 from traffic.accounting import panes as P
@@ -422,10 +422,12 @@ def freeze_hours(warehouse: Warehouse, hours: list[datetime], check=None,
     busy_hours = [h for h in hours if h in busy]
     busy_periods = [("hour", h) for h in busy_hours]
     if busy_hours:
-        # delta-rs tables list their own parquet files, so tasks read them with Arrow; a delta-spark
-        # table may hold deletion vectors its files alone do not show, so Spark reads it.
-        recompute = recompute_arrow if isinstance(warehouse.table("packets"), RsTable) else recompute_spark
-        totals = recompute(warehouse, busy_hours)
+        # Arrow tasks read each hour's own files; where a file holds several hours (one another writer
+        # made) the tables cannot be listed by hour, and Spark reads them by key instead.
+        raw_files = warehouse.table("packets").paths_by_period(busy_hours)
+        open_files = warehouse.table("hourly").paths_by_period(busy_hours)
+        totals = recompute_arrow(warehouse, busy_hours, raw_files, open_files) \
+            if raw_files is not None and open_files is not None else recompute_spark(warehouse, busy_hours)
         warehouse.table("hourly").replace(totals.final, keys=busy_hours, op="freeze")
         warehouse.table("panes").replace(totals.final_panes, keys=busy_hours, op="freeze")
     else:
@@ -492,12 +494,12 @@ def _hours_with_rows(warehouse: Warehouse, hours: list[datetime]) -> set[datetim
     return {h for name in ("packets", "hourly", "panes") for h in warehouse.table(name).periods_with_files(hours)}
 
 
-def recompute_arrow(warehouse: Warehouse, hours: list[datetime]) -> _Recomputed:
+def recompute_arrow(warehouse: Warehouse, hours: list[datetime], raw_files: dict, open_files: dict) -> _Recomputed:
     """Recompute in Arrow tasks (``traffic.accounting.freeze_tasks``) that write the hours' final rows and panes
-    to staged folders; the driver only sums the tasks' per-hour raw totals and differing rows."""
+    to staged folders; the driver only sums the tasks' per-hour raw totals and differing rows. ``raw_files``
+    and ``open_files`` are the hours' files of ``packets`` and ``hourly`` (``Table.paths_by_period``)."""
 
     packets, hourly = warehouse.table("packets"), warehouse.table("hourly")
-    raw_files, open_files = packets.paths_by_period(hours), hourly.paths_by_period(hours)
     work = [(freeze_tasks.Hour(hour, tuple(path for path, _ in raw_files.get(hour, ())),
                                tuple(path for path, _ in open_files.get(hour, ()))),
              sum(size for _, size in raw_files.get(hour, ())))
@@ -523,7 +525,7 @@ def recompute_arrow(warehouse: Warehouse, hours: list[datetime]) -> _Recomputed:
 
 
 def recompute_spark(warehouse: Warehouse, hours: list[datetime]) -> _Recomputed:
-    """Recompute with Spark over the table as Spark reads it (delta-spark engine)."""
+    """Recompute with Spark over the tables read by key (files that hold several hours)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 

@@ -37,7 +37,7 @@ from traffic.accounting.parts import (
     sum_hourly,
     weights,
 )
-from traffic.storage.delta import write_staged
+from traffic.storage.staging import write_staged
 from traffic.storage.schemas import arrow_schema
 from traffic.accounting.panes import account_parts, sum_pane_rows
 

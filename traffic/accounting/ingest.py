@@ -41,7 +41,8 @@ from traffic.io.telemetry import TelemetryState, close_gaps_by, expire_waiting_b
 from traffic.runtime import jvm
 from traffic.runtime.spark import task_slots
 from traffic.storage import state as st
-from traffic.storage.delta import DRIVER_THREADS, Staged, Warehouse, discard_staged, write_staged
+from traffic.storage.staging import DRIVER_THREADS, Staged, discard_staged, write_staged
+from traffic.storage.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
 UTC = timezone.utc

@@ -184,7 +184,7 @@ def cmd_accept(args, settings, spark) -> int:
     from traffic.reporting.html_report import refresh_report  # deferred: per command (see the docstring)
     from traffic.quality.suites import accept, period_label  # deferred: per command (see the docstring)
 
-    row = accept(settings, args.period, args.reason, args.by or getpass.getuser())
+    row = accept(settings, args.period, args.reason, args.by or getpass.getuser(), spark=spark)
     print(f"accept: {row['grain']} {period_label(row['grain'], row['period_start'])} is accepted by "
           f"{printable(row['accepted_by'])} ({printable(row['accepted_reason'])}); "
           f"it failed: {printable(row.get('dq_note') or '-')}")
@@ -275,24 +275,24 @@ def cmd_export(args, settings, spark) -> int:
     """Write a table's rows over ``[--from, --to)``, streamed one storage key at a time (docs/exports.md)."""
     from traffic.core.settings import parse_time  # deferred: per command (see the docstring)
     from traffic.reporting.export import export_table, exportable, output_path, summary  # deferred: per command
-    from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
+    from traffic.storage.warehouse import Warehouse  # deferred: per command (see the docstring)
 
     exportable(args.table)
     out = output_path(args.format, args.out)
     start, end = parse_time("--from", args.__dict__["from"]), parse_time("--to", args.to)
-    written = export_table(Warehouse(settings, engine="rs"), args.table, start, end, args.format, out,
+    written = export_table(Warehouse.reader(settings), args.table, start, end, args.format, out,
                            include_open=args.include_open, progress=progress, stream=sys.stdout)
     print(summary(args.table, start, end, written), file=sys.stderr)
     return 0
 
 
 def cmd_top(args, settings, spark) -> int:
-    from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
+    from traffic.storage.warehouse import Warehouse  # deferred: per command (see the docstring)
     from traffic.core.settings import parse_duration  # deferred: per command (see the docstring)
     from traffic.reporting.top import talkers_table, top_talkers  # deferred: per command (see the docstring)
 
     out = _output(args)
-    result = top_talkers(Warehouse(settings, engine="rs"), parse_duration("--last", args.last), args.by, args.limit)
+    result = top_talkers(Warehouse.reader(settings), parse_duration("--last", args.last), args.by, args.limit)
     if args.format != "table":
         if result.note:
             print(f"note: {printable(result.note)}", file=sys.stderr)
@@ -339,11 +339,11 @@ def cmd_bill(args, settings, spark) -> int:
     """Print the bills of a period: stored ones when it is closed, else computed from final panes (provisional)."""
     from traffic.accounting.bills import compute_period, stored_bills  # deferred: per command (see the docstring)
     from traffic.core.billing import BillingError  # deferred: per command (see the docstring)
-    from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
+    from traffic.storage.warehouse import Warehouse  # deferred: per command (see the docstring)
     from traffic.core.settings import SettingsError  # deferred: per command (see the docstring)
 
     out = _output(args)
-    warehouse = Warehouse(settings, engine="rs")
+    warehouse = Warehouse.reader(settings)
     if not warehouse.exists():
         raise SettingsError(f"no warehouse at {settings.warehouse}")
     try:
@@ -395,9 +395,9 @@ def cmd_alerts(args, settings, spark) -> int:
     from traffic.accounting.bills import billing_cycle  # deferred: per command (see the docstring)
     from traffic.core.billing import BillingError  # deferred: per command (see the docstring)
     from traffic.core.settings import SettingsError  # deferred: per command (see the docstring)
-    from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
+    from traffic.storage.warehouse import Warehouse  # deferred: per command (see the docstring)
 
-    warehouse = Warehouse(settings, engine="rs")
+    warehouse = Warehouse.reader(settings)
     if not warehouse.exists():
         raise SettingsError(f"no warehouse at {settings.warehouse}")
     try:
@@ -431,9 +431,9 @@ def cmd_alerts(args, settings, spark) -> int:
 def cmd_spark(args, settings, spark) -> int:
     """Start, stop or show the warehouse's warm Spark Connect server (127.0.0.1 only)."""
     from traffic.runtime import connect  # deferred: per command (see the docstring)
-    from traffic.storage.delta import Warehouse  # deferred: per command (see the docstring)
+    from traffic.storage.warehouse import Warehouse  # deferred: per command (see the docstring)
 
-    state_dir = Warehouse(settings, engine="rs").state_dir()
+    state_dir = Warehouse.reader(settings).state_dir()
     if args.action == "start":
         clock = time.perf_counter()
         print("starting Spark Connect (127.0.0.1) …", file=sys.stderr, flush=True)
@@ -674,7 +674,7 @@ def _reader_gone() -> bool:
 def main(argv: list[str] | None = None, spark=None) -> int:
     """Entry point of the console script (and of ``jobs/*.py`` with their own session)."""
     from traffic.accounting.close import CheckFailed  # deferred: per command (see the docstring)
-    from traffic.storage.delta import StorageError  # deferred: per command (see the docstring)
+    from traffic.storage.table import StorageError  # deferred: per command (see the docstring)
     from traffic.io.inbox import InboxError  # deferred: per command (see the docstring)
     from traffic.storage.journal import LockTimeout  # deferred: per command (see the docstring)
     from traffic.quality.suites import AcceptError  # deferred: per command (see the docstring)

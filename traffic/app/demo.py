@@ -171,9 +171,9 @@ def _billing(settings: Settings) -> list[tuple[str, str]]:
     from traffic.accounting.alerts import read_alerts  # deferred: only when the demo runs
     from traffic.accounting.bills import billing_cycle, stored_bills  # deferred: see above
     from traffic.reporting.report import format_table  # deferred: see above
-    from traffic.storage.delta import Warehouse  # deferred: see above
+    from traffic.storage.warehouse import Warehouse  # deferred: see above
 
-    warehouse = Warehouse(settings, engine="rs")
+    warehouse = Warehouse.reader(settings)
     period = billing_cycle(settings).period_for(f"{START:%Y-%m}")
     bills = stored_bills(warehouse, period)
     rate = lambda value: None if value is None else round(value)  # noqa: E731 - whole bits per second on screen

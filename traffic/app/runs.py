@@ -23,13 +23,13 @@ from traffic.core.settings import Settings
 from traffic.reporting.html_report import refresh_report
 from traffic.reporting.metrics import written_after
 from traffic.runtime import jvm
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.storage.journal import Journal, warehouse_lock
 
 
 def ingest(settings: Settings, spark_factory: Callable[[], object], progress=print) -> BatchResult:
     """Run one micro-batch (resuming an interrupted one first). Holds the warehouse lock."""
-    warehouse = Warehouse(settings)
+    warehouse = Warehouse(settings, spark=spark_factory)
     with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic ingest"), \
             written_after(warehouse, progress) as metrics:
         warehouse.create_all()
@@ -82,7 +82,7 @@ def close(settings: Settings, spark_factory: Callable[[], object], until: dateti
     Every period produced is checked before it is published; when a critical check fails the
     run still writes everything else it may, then raises ``CheckFailed`` (CLI exit 3).
     """
-    warehouse = Warehouse(settings)
+    warehouse = Warehouse(settings, spark=spark_factory)
     with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic close"), \
             written_after(warehouse, progress) as metrics:
         warehouse.create_all()
@@ -101,7 +101,7 @@ def close(settings: Settings, spark_factory: Callable[[], object], until: dateti
 def replay(settings: Settings, spark_factory: Callable[[], object], input_dir: Path, start: datetime,
            end: datetime, source: str | None = None, restate: str | None = None, progress=print):
     """Import the archive for ``[start, end)`` and close what the watermark allows, under the lock."""
-    warehouse = Warehouse(settings)
+    warehouse = Warehouse(settings, spark=spark_factory)
     with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic replay"), \
             written_after(warehouse, progress) as metrics:
         warehouse.create_all()
@@ -126,7 +126,7 @@ def replay(settings: Settings, spark_factory: Callable[[], object], input_dir: P
 def refresh_metrics(settings: Settings, progress=print) -> None:
     """Rewrite ``metrics.prom`` under the warehouse lock, after a change that is not a job (``traffic accept``
     turns a failed period into an accepted one); a failure to write is a warning, as after a job."""
-    warehouse = Warehouse(settings)
+    warehouse = Warehouse.reader(settings)
     with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic accept"), \
             written_after(warehouse, progress):
         pass

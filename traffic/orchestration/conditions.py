@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 
 from traffic.storage import state as st
 from traffic.core.periods import closed_hours, starts
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.core.settings import Settings
 from traffic.storage.journal import pending_batch
 
@@ -24,7 +24,7 @@ UTC = timezone.utc
 
 
 def warehouse_if_any(settings: Settings) -> Warehouse | None:
-    warehouse = Warehouse(settings, engine="rs")
+    warehouse = Warehouse.reader(settings)
     return warehouse if warehouse.exists() else None
 
 

@@ -87,12 +87,9 @@ def prepare_spark_submit(task, quick_by_default: bool) -> None:
 
 
 def _say_delta_engine(settings) -> None:
-    from traffic.storage.delta import choose_engine  # deferred: DAG parsing stays light
+    from traffic.storage.warehouse import engine_reason  # deferred: DAG parsing stays light
 
-    engine = choose_engine(settings)
-    log.info("Delta layer: the %s engine (%s)", engine, f"Delta Lake's jars in {settings.spark_jars_dir}"
-             if engine == "spark" else "delta-rs, which needs no jars" if settings.engine == "rs"
-             else f"delta-rs: no Delta Lake jars in {settings.spark_jars_dir or 'spark_jars_dir (not set)'}")
+    log.info("Delta layer: the %s engine", engine_reason(settings))
 
 
 def _warm_server(settings) -> tuple[str, str] | None:
@@ -248,10 +245,10 @@ def decide_close(settings, end: datetime) -> CloseDecision:
     from traffic.accounting.close import plan_close, restrict  # deferred: DAG parsing stays light
     from traffic.core.periods import starts  # deferred: DAG parsing stays light
     from traffic.storage import schemas, state as st  # deferred: DAG parsing stays light
-    from traffic.storage.delta import Warehouse  # deferred: DAG parsing stays light
+    from traffic.storage.warehouse import Warehouse  # deferred: DAG parsing stays light
     from traffic.storage.journal import warehouse_lock  # deferred: DAG parsing stays light
 
-    warehouse = Warehouse(settings, engine="rs")
+    warehouse = Warehouse.reader(settings)
     if not warehouse.exists():
         return CloseDecision()  # no data yet: nothing to close
     with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(),
@@ -465,19 +462,19 @@ def expire_raw_detail(interval_end: Any, spark: Callable[[str, list[str]], StepR
     from traffic.storage.journal import pending_batch  # deferred: DAG files import this module at parse time
     from traffic.app.console import print_close  # deferred: DAG parsing stays light
     from traffic.app.runs import close  # deferred: DAG parsing stays light
-    from traffic.storage.delta import Warehouse, choose_engine  # deferred: DAG parsing stays light
+    from traffic.storage.warehouse import Warehouse, writes_need_spark  # deferred: DAG parsing stays light
 
     settings = settings_from_env()
     end = as_utc(interval_end)
-    pending = Warehouse(settings, engine="rs").exists() and \
+    pending = Warehouse.reader(settings).exists() and \
         pending_batch(settings.warehouse) is not None
-    if choose_engine(settings) == "rs" and not pending:
+    if not writes_need_spark(settings) and not pending:
         result = close(settings, lambda: None, end, lambda message: log.info("%s", message), only=("expire",))
         print_close(result)
         return {"expired_hours": result.expired_hours, "spark_started": False,
                 "watermark": result.watermark.isoformat() if result.watermark else None}
     log.info("expiry needs Spark here (%s): jobs/close.py --only expire",
-             "an interrupted batch is waiting" if pending else "spark engine")
+             "an interrupted batch is waiting" if pending else "the tables are written by delta-spark")
     report = (spark or CloseSteps(settings))("expire", ["--until", end.isoformat()]).report
     return {"expired_hours": report["expired_hours"], "spark_started": True, "watermark": report["watermark"]}
 

@@ -156,9 +156,9 @@ def _one_notifier(warehouse):
 def notify_pending(settings, context=None) -> dict:
     """Send every stored alert not sent before through ``AlertNotifier``; what was sent, and how."""
     from traffic.accounting.alerts import read_alerts  # deferred: DAG parsing stays light
-    from traffic.storage.delta import Warehouse  # deferred: DAG parsing stays light
+    from traffic.storage.warehouse import Warehouse  # deferred: DAG parsing stays light
 
-    warehouse = Warehouse(settings, engine="rs")
+    warehouse = Warehouse.reader(settings)
     if not warehouse.exists():
         return {"sent": [], "channel": None}
     with _one_notifier(warehouse):

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from traffic.core import records
 from traffic.core.periods import month_start
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.storage.journal import warehouse_lock
 from traffic.storage import state as st
 
@@ -658,8 +658,10 @@ def parse_period(text: str) -> tuple[str, datetime]:
     return "hour", start
 
 
-def accept(settings, period: str, reason: str, by: str, now: datetime | None = None) -> dict:
+def accept(settings, period: str, reason: str, by: str, now: datetime | None = None, spark=None) -> dict:
     """An operator accepts a failed period: ``dq_status = accepted``, with who, when and why (audited).
+
+    ``spark`` (a session, or a function that starts one) writes where the tables' engine needs it.
 
     The ledger row keeps its ``dq_note`` (why it failed); ``dq_results`` gets an ``accepted`` row.
     Roll-ups over the period proceed at the next close.
@@ -668,7 +670,7 @@ def accept(settings, period: str, reason: str, by: str, now: datetime | None = N
     if not (reason or "").strip():
         raise AcceptError("accept needs --reason (it is kept in the ledger)")
     grain, start = parse_period(period)
-    warehouse = Warehouse(settings, engine="rs")
+    warehouse = Warehouse(settings, spark=spark)
     if not warehouse.exists():
         raise AcceptError(f"no warehouse at {settings.warehouse}")
     with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic accept"):

@@ -38,7 +38,8 @@ from traffic.core.periods import day_start, hours_between, is_published, month_s
 from traffic.core.settings import SettingsError
 from traffic.core.text import human_bytes, printable
 from traffic.storage import state as st
-from traffic.storage.delta import StorageError, Table, Warehouse
+from traffic.storage.table import StorageError, Table
+from traffic.storage.warehouse import Warehouse
 
 UTC = timezone.utc
 #: The machine formats (``table``, the text one, is the commands' own).

@@ -35,7 +35,7 @@ from traffic.accounting.bills import (
 )
 from traffic.core.billing import PANE_SECONDS, BillingPeriod, billed_series, rate_bps
 from traffic.core.periods import hour_floor, next_month
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.reporting.html import CSS, human_bytes, number_cell as _num
 from traffic.reporting.html import escape as _e
 

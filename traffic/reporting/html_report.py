@@ -19,7 +19,8 @@ import pyarrow.compute as pc
 from traffic.storage import state as st
 from traffic.accounting.alerts import read_alerts
 from traffic.core.periods import next_month
-from traffic.storage.delta import StorageError, Warehouse
+from traffic.storage.table import StorageError
+from traffic.storage.warehouse import Warehouse
 from traffic.quality.suites import docs_pages, period_label, reports_dir
 from traffic.reporting.html import CSS, human_bytes, number_cell as _num
 from traffic.reporting.html import escape as _e
@@ -43,7 +44,7 @@ STATUS_COLOURS = {"passed": "#2f7d4f", "warning": "#c98a00", "failed": "#c0392b"
 def write_report(settings: Settings, top_last: timedelta = TOP_LAST) -> Path:
     """Write the report (``index.html`` and the bills pages under ``bills/``); returns the index's path."""
 
-    warehouse = Warehouse(settings, engine="rs")
+    warehouse = Warehouse.reader(settings)
     if not warehouse.exists():
         raise StorageError(f"no warehouse at {settings.warehouse} yet (run `traffic ingest` or `traffic demo`)")
     generated = settings.now or datetime.now(UTC)

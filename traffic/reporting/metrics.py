@@ -39,7 +39,8 @@ from traffic.quality.suites import reports_dir
 from traffic.reporting.html_bills import DerivedCache
 from traffic.reporting.report import telemetry_health
 from traffic.storage import state as st
-from traffic.storage.delta import StorageError, Warehouse
+from traffic.storage.table import StorageError
+from traffic.storage.warehouse import Warehouse
 from traffic.storage.journal import pending_batch, state_folder
 
 UTC = timezone.utc
@@ -409,16 +410,9 @@ def exposition(families: list) -> str:
     return generate_latest(_registry(families)).decode()
 
 
-def reader(warehouse: Warehouse) -> Warehouse:
-    """A handle that reads with Arrow (the job's own when it is ``rs``, sharing its loaded snapshots)."""
-    if warehouse.engine == "rs":
-        return warehouse
-    return Warehouse(warehouse.settings, engine="rs")
-
-
 def existing(settings) -> Warehouse:
     """The settings' warehouse for reading; a clear error when there is none."""
-    warehouse = Warehouse(settings, engine="rs")
+    warehouse = Warehouse.reader(settings)
     if not warehouse.exists():
         raise StorageError(f"no warehouse at {settings.warehouse} yet (run `traffic ingest` or `traffic demo`)")
     return warehouse
@@ -426,7 +420,6 @@ def existing(settings) -> Warehouse:
 
 def write_metrics(warehouse: Warehouse, families: list | None = None) -> Path:
     """Write ``metrics.prom`` atomically (a temporary file in the same folder, then a rename)."""
-    warehouse = reader(warehouse)
     families = collect(warehouse) if families is None else families
     path = metrics_path(warehouse)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,8 @@ import pyarrow.compute as pc
 from traffic.storage import state as st
 from traffic.core.clock import FIRST_HOUR_GAP, ClockState, first_hour_gap
 from traffic.core.periods import hours_between
-from traffic.storage.delta import StorageError, Warehouse
+from traffic.storage.table import StorageError
+from traffic.storage.warehouse import Warehouse
 from traffic.storage.journal import pending_batch
 from traffic.storage.schemas import TABLES
 from traffic.core.settings import Settings, parse_time
@@ -20,7 +21,7 @@ UTC = timezone.utc
 
 
 def _warehouse(settings: Settings) -> Warehouse:
-    warehouse = Warehouse(settings, engine="rs")
+    warehouse = Warehouse.reader(settings)
     if not warehouse.exists():
         raise StorageError(f"no warehouse at {settings.warehouse} yet (run `traffic ingest` or `traffic demo`)")
     return warehouse

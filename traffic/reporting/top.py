@@ -27,7 +27,7 @@ import pyarrow.dataset as pads
 from traffic.accounting.parts import weights
 from traffic.core.accounts import NO_ACCOUNTS, load_accounts
 from traffic.core.periods import day_start, hour_ceil, hour_floor, hours_between, is_closed, period_end, retention_floor
-from traffic.storage.delta import Warehouse
+from traffic.storage.warehouse import Warehouse
 from traffic.storage.state import read_clock_state
 
 #: What ``--by`` groups on.

@@ -15,7 +15,8 @@ import pyarrow.compute as pc
 
 from traffic.core.clock import ClockState
 from traffic.core.periods import period_end, month_start
-from traffic.storage.delta import Warehouse, cluster_key
+from traffic.storage.warehouse import Warehouse
+from traffic.storage.keys import cluster_key
 from traffic.storage.schemas import arrow_schema
 
 UTC = timezone.utc

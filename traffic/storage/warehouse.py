@@ -1,0 +1,128 @@
+"""The warehouse: every table under one root, and the one door to them (DESIGN §8).
+
+Callers ask it for a table by name and hand the table rows with a write intent (append batch N,
+replace these periods, delete where); which engine writes is decided here, once, from the settings,
+and nothing outside ``traffic.storage`` knows it. ``Warehouse.reader`` opens the tables for reading
+only: no Spark, no engine, any writer's tables.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from traffic.core.settings import Settings
+from traffic.storage import schemas
+from traffic.storage.faults import injector
+from traffic.storage.journal import state_folder
+from traffic.storage.table import FileIndex, StorageError, Table
+
+
+def delta_jars(settings: Settings) -> list[Path]:
+    """Delta Lake's jars in the configured folder (``spark_jars_dir``), for Spark's classpath."""
+    folder = settings.spark_jars_dir
+    if not folder or not folder.is_dir():
+        return []
+    return sorted(folder.glob("*.jar"))
+
+
+def choose_engine(settings: Settings) -> str:
+    """``rs`` or ``spark``: ``auto`` picks ``spark`` where Delta's jars are in ``spark_jars_dir``."""
+    if settings.engine != "auto":
+        return settings.engine
+    return "spark" if any(p.name.startswith(("delta-spark", "delta-core")) for p in delta_jars(settings)) else "rs"
+
+
+def engine_reason(settings: Settings) -> str:
+    """One line: which engine writes the tables, and why."""
+    engine = choose_engine(settings)
+    if settings.engine != "auto":
+        return f"{engine} (engine = {settings.engine})"
+    if engine == "spark":
+        return f"spark (delta-spark, Delta's jars in {settings.spark_jars_dir})"
+    return f"rs (delta-rs: no Delta jars in {settings.spark_jars_dir or 'spark_jars_dir (not set)'})"
+
+
+def writes_need_spark(settings: Settings) -> bool:
+    """Whether writing a table takes a SparkSession (the spark engine); delta-rs commits without one."""
+    return choose_engine(settings) == "spark"
+
+
+class Warehouse:
+    """All tables under one root, written by one engine (or opened for reading only)."""
+
+    def __init__(self, settings: Settings, spark=None, engine: str | None = None):
+        """``spark`` is a SparkSession, or a function returning one, called when a write first needs it
+        (an empty micro-batch decides so without starting Spark)."""
+        self.settings = settings
+        self.root = Path(settings.warehouse)
+        self._spark = spark
+        self.engine = engine or choose_engine(settings)
+        self.faults = injector(settings)
+        self.snapshots: dict[str, object] = {}  # table name -> loaded delta-rs snapshot
+        self.file_indexes: dict[str, FileIndex] = {}  # table name -> its snapshot's files by key
+
+    @property
+    def spark(self):
+        """The session writes and Spark reads use (started on first use when given as a function); None if none."""
+        if callable(self._spark):
+            self._spark = self._spark()
+        return self._spark
+
+    @classmethod
+    def reader(cls, settings: Settings) -> "Warehouse":
+        """The tables opened for reading only (Arrow reads, no Spark): any engine's tables; writes refused."""
+        return cls(settings, engine="read")
+
+    def with_spark(self, spark) -> "Warehouse":
+        """A handle for the Spark part of a job, sharing the snapshots this one has loaded (a table
+        re-opened reads its last checkpoint and every commit since: ~10 ms each after a month)."""
+        other = Warehouse(self.settings, spark=spark, engine=self.engine)
+        other.snapshots, other.file_indexes = self.snapshots, self.file_indexes
+        return other
+
+    def step(self, name: str) -> None:
+        """A named point of a write (the crash tests' kill points)."""
+        self.faults.reached(name)
+
+    def table(self, name: str) -> Table:
+        if name not in schemas.TABLES:
+            raise StorageError(f"unknown table {name!r}")
+        if self.engine == "read":
+            return Table(self, name)
+        if self.engine == "spark":
+            from traffic.storage.engines.spark import SparkTable  # deferred: one engine per process
+
+            return SparkTable(self, name)
+        from traffic.storage.engines.rs import RsTable  # deferred: one engine per process
+
+        return RsTable(self, name)
+
+    def state_dir(self) -> Path:
+        """Where the pipeline keeps its journal and lock (not a table)."""
+        path = state_folder(self.root)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StorageError(f"warehouse {self.root} cannot be used: {error.strerror or error}") from None
+        return path
+
+    def exists(self) -> bool:
+        return (self.root / "clocks" / "_delta_log").is_dir()
+
+    def scratch(self, name: str, fresh: bool = True) -> Path:
+        """The folder for one job's intermediate files: emptied (what is left of an earlier attempt is
+        removed) unless ``fresh`` is false, which finds an earlier attempt's (the folder may not exist)."""
+        path = self.state_dir() / "scratch" / name
+        if fresh:
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+        return path
+
+    def drop_scratch(self, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def create_all(self) -> None:
+        """Create every table that does not exist yet (idempotent)."""
+        for name in schemas.TABLES:
+            self.table(name).create()
