@@ -3,8 +3,8 @@
 Used wherever Delta Lake's jars are on Spark's classpath (the set-up fetches them, DESIGN §8). Every
 change is Delta's own: appends with ``txnAppId``/``txnVersion`` (a batch already committed is
 skipped by Delta itself), periods replaced with ``replaceWhere``, deletes as ``DELETE`` (idempotent
-through the session's ``txnAppId``/``txnVersion``), compaction and merges as ``dataChange=false``
-rewrites, ``VACUUM`` and checkpoints by Delta. Statements go through SQL and the DataFrame writer, so
+through the session's ``txnAppId``/``txnVersion``), compaction and merges as
+``replaceWhere`` rewrites of the same rows, ``VACUUM`` and checkpoints by Delta. Statements go through SQL and the DataFrame writer, so
 a Spark Connect session (the warm server) works as a classic one does.
 
 The files keep the layout the reads rely on (``traffic.storage.table``): rows reach Delta's writer
@@ -231,8 +231,8 @@ class SparkTable(Table):
 
     # -- maintenance --------------------------------------------------------------------
     def compact(self, min_files: int | None = None) -> int:
-        """Rewrite each cluster key with more than one file into one file, in one ``dataChange=false``
-        commit; returns files removed. Delta's OPTIMIZE would pack small files across keys (a table
+        """Rewrite each cluster key with more than one file into one file, in one commit; returns files
+        removed. Delta's OPTIMIZE would pack small files across keys (a table
         here is not partitioned), losing the one-key-per-file layout that reads prune by."""
         files = self.files()
         threshold = min_files or self.warehouse.settings.compact_min_files
@@ -246,7 +246,7 @@ class SparkTable(Table):
 
     def merge(self, before: datetime) -> int:
         """Merge each whole day before ``before`` of a table keyed by hour into one file (a table keyed
-        by day: each month), in one ``dataChange=false`` commit; returns files removed."""
+        by day: each month), in one commit; returns files removed."""
         if self.cluster is None or self.cluster.grain not in SPAN_GRAIN:
             return 0
         index = self._file_index(self._delta())
@@ -271,7 +271,9 @@ class SparkTable(Table):
         for other in frames[1:]:
             frame = frame.unionByName(other)
         keys = self._group_keys(groups)
-        writer = frame.write.format("delta").mode("overwrite").option("dataChange", "false") \
+        # Delta refuses ``dataChange=false`` with a ``replaceWhere`` on data columns (the tables are not
+        # partitioned), so the rewrite is a data change to Delta, with the same rows.
+        writer = frame.write.format("delta").mode("overwrite") \
             .option("userMetadata", json.dumps({"traffic.op": op}))
         if self.cluster:
             writer = writer.option("replaceWhere", self._key_predicate(keys))
