@@ -1,42 +1,129 @@
 #!/bin/sh
-# Build step of the image: download Delta Lake's jars into <folder> and keep them only if each one's
-# SHA-256 is the pinned one (build arguments DELTA_SPARK_SHA256, DELTA_STORAGE_SHA256; see
-# .env.example for how to get them). A jar with another checksum, or one pinned and not the
-# other, fails the build: an unverified jar on every Spark classpath would run as every job.
+# Delta Lake's jars as pinned in scripts/delta-jars.lock, into <folder>, each kept only if its SHA-256 is
+# the pinned one: an unverified jar on Spark's classpath would run inside every job.
 #
-#   DELTA_VERSION=4.4.1 SCALA_VERSION=2.13 MAVEN=https://repo1.maven.org/maven2 \
-#   DELTA_SPARK_SHA256=<hex> DELTA_STORAGE_SHA256=<hex> fetch-delta-jars.sh /opt/delta-jars
+#   fetch-delta-jars.sh [--via mvn|curl|none] <folder>
 #
-# With neither checksum set, no jar is fetched at all: the image then has no Delta jars and the
-# Delta layer's `auto` engine picks `rs` (delta-rs), which needs none (also where Maven is out of reach).
+#   --via mvn   (make setup, the default) `mvn dependency:copy` (the plugin's version pinned below) from
+#               the repositories mvn is configured for (Maven Central unless settings.xml says otherwise;
+#               ~/.m2 keeps a copy). MVN names another mvn.
+#   --via curl  (the image build) straight from $MAVEN, https://repo1.maven.org/maven2 by default.
+#   --via none  fetch nothing: keep the pinned jars already there, verified (TRAFFIC_DELTA_JARS=off).
+#
+# Jars already in <folder> with their pinned sums are not fetched again (two sums: milliseconds).
+# Exit 0: <folder> holds exactly the pinned jars, verified. Otherwise it holds no jar at all (never part
+# of the set, never another version), so the Delta layer's `auto` engine picks rs (delta-rs):
+#   1  a jar's SHA-256 is not the pinned one: it is deleted, one line names the file and both sums;
+#   3  the jars could not be had (Maven out of reach, no mvn or curl, --via none): one line says why;
+#   2  usage, or a malformed lock.
 set -eu
-folder=${1:?usage: fetch-delta-jars.sh <folder>}
-: "${DELTA_VERSION:?}" "${SCALA_VERSION:?}" "${MAVEN:?}"
-mkdir -p "$folder"
-if [ -z "${DELTA_SPARK_SHA256:-}" ] && [ -z "${DELTA_STORAGE_SHA256:-}" ]; then
-  echo "fetch-delta-jars: no checksums pinned: building without Delta's jars (the Delta layer runs its rs engine)"
-  exit 0
+
+usage() { echo "usage: fetch-delta-jars.sh [--via mvn|curl|none] <folder>" >&2; exit 2; }
+via=mvn
+if [ "${1:-}" = --via ]; then
+  [ $# -ge 2 ] || usage
+  via=$2
+  shift 2
+fi
+case "$via" in mvn|curl|none) ;; *) usage ;; esac
+[ $# -eq 1 ] && [ -n "$1" ] || usage
+folder=$1
+lock=${DELTA_JARS_LOCK:-$(dirname "$0")/delta-jars.lock}
+MAVEN=${MAVEN:-https://repo1.maven.org/maven2}
+MVN=${MVN:-mvn}
+# Named in full, so no plugin-prefix lookup (repository metadata) stands between mvn and a cached copy.
+DEPENDENCY_COPY=org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy
+
+# The pins, one "<coordinate> <sha256> <file name> <path in a Maven repository>" line each.
+pins=$(awk -v lock="$lock" '
+  /^[[:space:]]*(#|$)/ { next }
+  {
+    n = split($1, c, ":")
+    if (NF != 2 || n != 3 || $2 !~ /^[0-9a-f]+$/ || length($2) != 64) {
+      printf "fetch-delta-jars: %s line %d is not \"groupId:artifactId:version <sha256>\": %s\n", lock, NR, $0 > "/dev/stderr"
+      bad = 1; exit
+    }
+    group = c[1]; gsub(/\./, "/", group)
+    file = c[2] "-" c[3] ".jar"
+    print $1, $2, file, group "/" c[2] "/" c[3] "/" file
+  }
+  END { exit bad }' "$lock") || exit 2
+if [ -z "$pins" ]; then
+  echo "fetch-delta-jars: $lock pins no jar" >&2
+  exit 2
 fi
 
-fetch() {  # fetch <url> <file name> <name of the variable holding its sha256>
-  url=$1 name=$2 sum_var=$3
-  eval "expected=\${$sum_var:-}"
-  if ! printf '%s' "$expected" | grep -qiE '^[0-9a-f]{64}$'; then
-    echo "fetch-delta-jars: $sum_var must be the SHA-256 (64 hex digits) of $name; got '${expected}'" >&2
-    exit 1
-  fi
-  curl -fsSL --proto-redir '=https' -o "$folder/$name.part" "$url"
-  actual=$(sha256sum "$folder/$name.part" | cut -d' ' -f1)
-  if [ "$actual" != "$(printf '%s' "$expected" | tr 'A-F' 'a-f')" ]; then
-    rm -f "$folder/$name.part"
-    echo "fetch-delta-jars: $name from $url has SHA-256 $actual, not the pinned $expected: refused" >&2
-    exit 1
-  fi
-  mv "$folder/$name.part" "$folder/$name"
-  echo "fetch-delta-jars: $name verified (sha256 $actual)"
+mkdir -p "$folder"
+folder=$(cd "$folder" && pwd)  # absolute: mvn runs from a folder of its own
+tmp=$(mktemp -d "$folder/.fetch.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+
+first_error() {  # first_error <mvn log>: its first error, colour codes and help links gone, its last 200 characters
+  esc=$(printf '\033')
+  grep -m1 'ERROR' "$1" | sed -e "s/$esc\[[0-9;]*m//g" -e 's/^\[ERROR\] *//' -e 's/ *-> \[Help [0-9]*\]$//' |
+    awk '{ print (length($0) > 200 ? "…" substr($0, length($0) - 199) : $0) } END { if (NR == 0) print "no error line" }'
 }
 
-fetch "$MAVEN/io/delta/delta-spark_$SCALA_VERSION/$DELTA_VERSION/delta-spark_$SCALA_VERSION-$DELTA_VERSION.jar" \
-  "delta-spark_$SCALA_VERSION-$DELTA_VERSION.jar" DELTA_SPARK_SHA256
-fetch "$MAVEN/io/delta/delta-storage/$DELTA_VERSION/delta-storage-$DELTA_VERSION.jar" \
-  "delta-storage-$DELTA_VERSION.jar" DELTA_STORAGE_SHA256
+give_up() {  # give_up <exit code> <one line>: leave no jar behind (a partial set would pick the spark engine)
+  rm -f "$folder"/*.jar
+  echo "$2" >&2
+  exit "$1"
+}
+
+fetch() {  # fetch <coordinate> <file> <maven path>: the jar into $tmp, or give up with the reason
+  case "$via" in
+    none)
+      give_up 3 "Delta's jars were not fetched (TRAFFIC_DELTA_JARS=off) and $folder lacks $2" ;;
+    mvn)
+      command -v "$MVN" >/dev/null 2>&1 || give_up 3 "Delta's jars could not be fetched from Maven Central ($MVN not found)"
+      mkdir -p "$tmp/work"
+      # -C: a file whose .sha1 on the repository differs fails here already; -U: a failure mvn cached (it
+      # would not try again for a day) is retried; -B: no progress lines.
+      if ! (cd "$tmp/work" && "$MVN" -q -B -C -U -Dstyle.color=never "$DEPENDENCY_COPY" -Dartifact="$1" \
+              -DoutputDirectory="$tmp" >"$tmp/log" 2>&1); then
+        give_up 3 "Delta's jars could not be fetched from Maven Central (mvn: $(first_error "$tmp/log"))"
+      fi ;;
+    curl)
+      command -v curl >/dev/null 2>&1 || give_up 3 "Delta's jars could not be fetched from Maven Central (curl not found)"
+      if ! curl -fsSL --proto-redir '=https' --retry 2 -o "$tmp/$2" "$MAVEN/$3" 2>"$tmp/log"; then
+        give_up 3 "Delta's jars could not be fetched from Maven Central ($(head -n1 "$tmp/log" | cut -c1-240))"
+      fi ;;
+  esac
+  [ -f "$tmp/$2" ] || give_up 3 "Delta's jars could not be fetched from Maven Central ($via left no $2)"
+}
+
+fetched=""
+echo "$pins" | {
+  while read -r coordinate expected file path; do
+    if [ -f "$folder/$file" ] && [ "$(sha256 "$folder/$file")" = "$expected" ]; then
+      continue
+    fi
+    fetch "$coordinate" "$file" "$path"
+    actual=$(sha256 "$tmp/$file")
+    if [ "$actual" != "$expected" ]; then
+      rm -f "$tmp/$file"
+      give_up 1 "fetch-delta-jars: $file ($coordinate via $via) has SHA-256 $actual, not the pinned $expected ($lock): refused"
+    fi
+  done
+}
+
+# Every pinned jar verified (in $tmp or already in place): drop any other jar (an older version), then move
+# the new ones in, delta-spark last — the Delta layer picks the spark engine by that one's presence.
+for jar in "$folder"/*.jar; do
+  [ -e "$jar" ] || continue
+  echo "$pins" | awk -v f="${jar##*/}" '$3 == f { found = 1 } END { exit !found }' || rm -f "$jar"
+done
+for jar in "$tmp"/*.jar; do
+  [ -e "$jar" ] || continue
+  case "${jar##*/}" in delta-spark*) ;; *) mv -f "$jar" "$folder/"; fetched="$fetched ${jar##*/}" ;; esac
+done
+for jar in "$tmp"/delta-spark*.jar; do
+  [ -e "$jar" ] || continue
+  mv -f "$jar" "$folder/"
+  fetched="$fetched ${jar##*/}"
+done
+if [ -n "$fetched" ]; then
+  echo "fetch-delta-jars: fetched and verified (SHA-256 as pinned in $lock) into $folder:$fetched"
+fi

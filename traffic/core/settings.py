@@ -29,6 +29,12 @@ from traffic.core.records import canonical_ip, source_problem
 #: How the Spark driver's JVM may start (``traffic.runtime.jvm``): ``auto`` picks by the job's size.
 JIT_MODES = ("auto", "quick", "full")
 
+#: Where ``make setup`` puts Delta Lake's jars (``scripts/fetch-delta-jars.sh``, pinned in
+#: ``scripts/delta-jars.lock``): ``jars/delta`` in the checkout this package is installed from (editable,
+#: as set-up installs it). A folder that is not there (no set-up yet, Maven out of reach, an install
+#: that is no checkout) holds no jar, and the Delta layer's ``auto`` engine picks rs (delta-rs).
+DEFAULT_SPARK_JARS_DIR = Path(__file__).resolve().parents[2] / "jars" / "delta"
+
 
 class SettingsError(ValueError):
     """A configuration value a person has to fix; the message says which and how."""
@@ -169,7 +175,10 @@ class Settings:
     # SPARK_CONNECT_AUTHENTICATE_TOKEN; ``auto``: the warehouse's own, ``traffic spark start``; empty: none,
     # every Spark task is a spark-submit).
     spark_connect: str = ""
-    spark_jars_dir: Path | None = None
+    # Delta Lake's jars (delta-spark, delta-storage), for the spark engine and Spark's classpath: by default the
+    # checkout's jars/delta, which `make setup` fills; TRAFFIC_SPARK_JARS_DIR (or the config file) points the
+    # project at a platform's own Delta jars instead, and an empty value at none (the rs engine runs).
+    spark_jars_dir: Path | None = DEFAULT_SPARK_JARS_DIR
     shuffle_partitions: int = 4
     split_bytes: int = 64 * 1024 * 1024
     compact_min_files: int = 32

@@ -10,8 +10,8 @@ import time
 import warnings
 
 from traffic.runtime import jvm
-from traffic.runtime.connect import (CONNECT_SESSION_CONF, client_url, plain_channel_builder, plain_with_token,
-                                     recorded_server)
+from traffic.runtime.connect import (CONNECT_SESSION_CONF, DELTA_CONF, client_url, delta_classpath,
+                                     plain_channel_builder, plain_with_token, recorded_server)
 from traffic.storage.warehouse import choose_engine
 from traffic.storage.journal import state_folder
 from traffic.core.settings import Settings
@@ -43,6 +43,20 @@ def driver_on_loopback(master: str) -> bool:
     ``spark://spark-master:7077``), whose executors must reach the driver at this host's address."""
     match = re.match(r"spark://([^:/,]+)", master.strip())
     return match is None or match.group(1) in {"127.0.0.1", "localhost", "::1"}
+
+
+def delta_conf(settings: Settings) -> dict[str, str]:
+    """A session's settings for the spark engine (delta-spark): Delta Lake's jars in ``spark_jars_dir``
+    (``spark.jars``; none where the platform's classpath has them), its SQL extension and catalog, and
+    cheap small commits (``DELTA_CONF``); nothing when the rs engine writes.
+
+    ``spark.jars`` counts only where the JVM starts with it: a session of this process, or spark-submit's
+    own ``--conf`` (a job it runs starts its session in a JVM already up, too late for the jars).
+    """
+    if choose_engine(settings) != "spark":
+        return {}
+    jars = delta_classpath(settings.spark_jars_dir)
+    return {**({"spark.jars": ",".join(str(p) for p in jars)} if jars else {}), **DELTA_CONF}
 
 
 def build_spark(settings: Settings, app_name: str):
@@ -87,13 +101,8 @@ def build_spark(settings: Settings, app_name: str):
     )
     if driver_on_loopback(master):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-    if choose_engine(settings) == "spark":
-        jars = sorted(str(p) for p in settings.spark_jars_dir.glob("*.jar"))
-        builder = (
-            builder.config("spark.jars", ",".join(jars))
-            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        )
+    for name, value in delta_conf(settings).items():
+        builder = builder.config(name, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
