@@ -36,7 +36,7 @@ from traffic.storage.warehouse import Warehouse, choose_engine
 
 UTC = timezone.utc
 DOC = Path(__file__).resolve().parents[2] / "docs" / "query.md"
-JARS = os.environ.get("TRAFFIC_SPARK_JARS_DIR")
+JARS = load_settings(environ={}).spark_jars_dir
 #: Delivery edges (event time): one batch and one close per interval.
 EDGES = [datetime(2026, 10, 31, 20, tzinfo=UTC), datetime(2026, 10, 31, 23, tzinfo=UTC),
          datetime(2026, 11, 1, 2, tzinfo=UTC), datetime(2026, 11, 1, 5, tzinfo=UTC)]
@@ -311,8 +311,8 @@ def test_spark_sql_over_the_logs_files_equals_traffic_show(recipes, expected):
 def test_spark_sql_through_delta_spark_equals_traffic_show(built, recipes, expected, spark):
     with_jars = load_settings(environ={}, overrides={"engine": "auto", "spark_jars_dir": JARS}) if JARS else None
     if with_jars is None or choose_engine(with_jars) != "spark":
-        pytest.skip("delta-spark recipe: Delta Lake's jars are not on this machine (no Maven access); "
-                    "set TRAFFIC_SPARK_JARS_DIR where they are")
+        pytest.fail(f"delta-spark recipe: Delta Lake's jars are not in {JARS}: run `make setup` where Maven "
+                    "Central is reachable")
     try:
         namespace = run_blocks(DOC.read_text(), built.settings.warehouse, dict(recipes), kind="jars")
     except Exception as error:  # noqa: BLE001 - say which session could not read Delta, then fail

@@ -64,7 +64,7 @@ class Harness:
         return close(self.settings, lambda: self.spark, until, _quiet)
 
     def warehouse(self) -> Warehouse:
-        return Warehouse(self.settings, engine="rs")
+        return Warehouse(self.settings, spark=self.spark)
 
     def table(self, name: str) -> list[dict]:
         return st.rows(self.warehouse().table(name).read_arrow())
