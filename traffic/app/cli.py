@@ -438,7 +438,7 @@ def cmd_spark(args, settings, spark) -> int:
         clock = time.perf_counter()
         print("starting Spark Connect (127.0.0.1) …", file=sys.stderr, flush=True)
         record, started = connect.start_recorded(state_dir, args.port, os.environ.get("SPARK_DRIVER_MEMORY", "2g"),
-                                                 settings.shuffle_partitions)
+                                                 settings.shuffle_partitions, jars_dir=settings.spark_jars_dir)
         if not started:
             print(f"spark: already running at {record['url']} (pid {record['pid']}, since {record['started_at']})")
             return 0

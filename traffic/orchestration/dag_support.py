@@ -67,17 +67,22 @@ def spark_submit_env(environ: Mapping[str, str] | None = None) -> dict[str, str]
 
 
 def spark_submit_conf(quick_by_default: bool, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``spark-submit --conf`` for a task's job: our log4j2 config and the driver's JIT.
+    """``spark-submit --conf`` for a task's job: Delta's jars and settings (the spark engine), our log4j2
+    config and the driver's JIT.
 
     ``spark_jit`` (``TRAFFIC_SPARK_JIT``) decides; under ``auto`` the DAG decides by the kind of
     job, since spark-submit starts the JVM before the job knows its size: the quick-starting JVM
     for micro-batches and hourly closes, the full JIT for replays.
     """
     from traffic.runtime import jvm  # deferred: DAG parsing stays light
+    from traffic.runtime.spark import delta_conf  # deferred: DAG parsing stays light
     from traffic.core.settings import load_settings  # deferred: DAG parsing stays light
 
-    mode = load_settings(environ=os.environ if environ is None else environ).spark_jit
-    return {"spark.driver.extraJavaOptions": jvm.driver_java_options(jvm.quick_for(mode, big=not quick_by_default))}
+    settings = load_settings(environ=os.environ if environ is None else environ)
+    # Delta's jars go to spark-submit itself: a job's session starts in a JVM already up, too late for them.
+    return {**delta_conf(settings),
+            "spark.driver.extraJavaOptions": jvm.driver_java_options(jvm.quick_for(settings.spark_jit,
+                                                                                   big=not quick_by_default))}
 
 
 def prepare_spark_submit(task, quick_by_default: bool) -> None:
@@ -89,7 +94,7 @@ def prepare_spark_submit(task, quick_by_default: bool) -> None:
 def _say_delta_engine(settings) -> None:
     from traffic.storage.warehouse import engine_reason  # deferred: DAG parsing stays light
 
-    log.info("Delta layer: the %s engine", engine_reason(settings))
+    log.info("Delta layer: %s", engine_reason(settings))
 
 
 def _warm_server(settings) -> tuple[str, str] | None:
