@@ -12,25 +12,18 @@ import shutil
 from pathlib import Path
 
 from traffic.core.settings import Settings
+from traffic.runtime.connect import delta_classpath
 from traffic.storage import schemas
 from traffic.storage.faults import injector
 from traffic.storage.journal import state_folder
 from traffic.storage.table import FileIndex, StorageError, Table
 
 
-def delta_jars(settings: Settings) -> list[Path]:
-    """Delta Lake's jars in the configured folder (``spark_jars_dir``), for Spark's classpath."""
-    folder = settings.spark_jars_dir
-    if not folder or not folder.is_dir():
-        return []
-    return sorted(folder.glob("*.jar"))
-
-
 def choose_engine(settings: Settings) -> str:
     """``rs`` or ``spark``: ``auto`` picks ``spark`` where Delta's jars are in ``spark_jars_dir``."""
     if settings.engine != "auto":
         return settings.engine
-    return "spark" if any(p.name.startswith(("delta-spark", "delta-core")) for p in delta_jars(settings)) else "rs"
+    return "spark" if delta_classpath(settings.spark_jars_dir) else "rs"
 
 
 def engine_reason(settings: Settings) -> str:
