@@ -81,7 +81,7 @@ def pair_totals(settings) -> dict:
     """Per (local, remote) [packets, bytes] of the warehouse's ``packets`` table, as tshark's are counted."""
     from traffic.storage.warehouse import Warehouse
 
-    packets = Warehouse(settings, engine="rs").table("packets").read_arrow(columns=["local_ip", "remote_ip", "bytes"])
+    packets = Warehouse.reader(settings).table("packets").read_arrow(columns=["local_ip", "remote_ip", "bytes"])
     totals: dict = {}
     for local, remote, size in zip(*(packets.column(c).to_pylist() for c in ("local_ip", "remote_ip", "bytes"))):
         entry = totals.setdefault((local, remote), [0, 0])

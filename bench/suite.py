@@ -104,9 +104,13 @@ def figure(name: str, ours: str, target: str, passed: bool | None, peer: str = "
     return Figure(name=name, ours=ours, peer=peer, ratio=ratio, target=target, passed=passed, note=note)
 
 
+#: The Delta engine every case runs on (``--engine``): ``auto`` is the settings' own choice.
+ENGINE = {"name": "auto"}
+
+
 def clean_env() -> dict:
     env = {k: v for k, v in feeds.ENV0.items() if not k.startswith("TRAFFIC_")}
-    env.update({"GX_ANALYTICS_ENABLED": "false", "TZ": "UTC"})
+    env.update({"GX_ANALYTICS_ENABLED": "false", "TZ": "UTC", "TRAFFIC_ENGINE": ENGINE["name"]})
     return env
 
 
@@ -135,7 +139,7 @@ def settings_for(warehouse: Path, inbox: Path, now: dt.datetime, **more):
     from traffic.core.settings import load_settings
 
     return load_settings(environ={}, overrides={"warehouse": str(warehouse), "inbox": str(inbox),
-                                                "now": now.isoformat(), **more})
+                                                "now": now.isoformat(), "engine": ENGINE["name"], **more})
 
 
 def settle() -> None:
@@ -615,7 +619,7 @@ class Bench:
                     end = window + dt.timedelta(minutes=5 * (i + 1))
                     splits.append(feed(end, tick_n, end + dt.timedelta(minutes=1)))
                 ticks = [split["wall"] for split in splits]
-                wh = Warehouse(settings_for(warehouse, inbox, fed), engine="rs")
+                wh = Warehouse.reader(settings_for(warehouse, inbox, fed))
                 files = {t: len(wh.table(t).files()) for t in TABLES if wh.table(t).exists()}
                 versions = {t: wh.table(t).version() for t in ("packets", "hourly", "periods")}
                 phase_names = list(dict.fromkeys(k for sp in splits for k in sp))  # the freezing tick has more
@@ -892,7 +896,8 @@ def write_doc(path: Path, info: dict, bench: Bench, command: str, failures: list
         "",
         f"Machine: {info['nproc']} CPUs ({info['cpu']}), {info['ram']} RAM, Linux {info['kernel']}; Python "
         f"{info['python']}, {info['java']}, pyspark {info['pyspark']}, deltalake {info['deltalake']}, pyarrow "
-        f"{info['pyarrow']}. Default settings (`local[2]`, 4 shuffle partitions, driver memory 2g, engine `rs`). "
+        f"{info['pyarrow']}. Default settings (`local[2]`, 4 shuffle partitions, driver memory 2g), Delta engine "
+        f"`{info['engine']}`. "
         f"Load average at the start {info['load_before']}, at the end {feeds.uptime()}.",
         "",
         *table(bench.figures),
@@ -928,7 +933,10 @@ def main() -> int:
     parser.add_argument("--airflow-hours", type=int, default=48, help="hours the Airflow backfill case covers")
     parser.add_argument("--airflow-per-hour", type=int, default=20_000, help="records an hour of that case")
     parser.add_argument("--workdir", help="where inputs and warehouses go (default: a fresh temp dir)")
+    parser.add_argument("--engine", choices=("auto", "rs", "spark"), default="auto",
+                        help="the Delta engine every case writes with (auto: the settings' choice)")
     args = parser.parse_args()
+    ENGINE["name"] = args.engine
     cases = [c.strip() for c in args.only.split(",")] if args.only else list(CASES)
     unknown = set(cases) - set(CASES)
     if unknown:
@@ -936,6 +944,11 @@ def main() -> int:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     info = feeds.machine()
     info["load_before"] = feeds.uptime()
+    from traffic.core.settings import load_settings
+    from traffic.storage.warehouse import engine_reason
+
+    info["engine"] = engine_reason(load_settings(environ={}, overrides={"engine": args.engine}))
+    log(f"Delta engine: {info['engine']}")
     work = Path(tempfile.mkdtemp(prefix="traffic-suite-", dir=args.workdir))
     bench = Bench(args, work)
     failures: list[str] = []
