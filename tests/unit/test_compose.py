@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -131,15 +130,13 @@ def test_dockerfile_installs_what_pyproject_declares():
     pins = dict(d.split("==") for d in project["dependencies"] if "==" in d)
     for package, version in pins.items():
         assert lock.get(package) == version, f"{package}: pyproject pins {version}, lock has {lock.get(package)}"
-    delta = re.search(r"ARG DELTA_VERSION=(\S+)", dockerfile).group(1)
-    assert delta == pins["delta-spark"], "the baked Delta jars must match delta-spark"
     assert "python:3.11" in dockerfile and project["requires-python"].startswith(">=3.11")
     assert "openjdk-17" in dockerfile
     for folder in ("traffic", "schemas", "expectations", "jobs", "dags"):
         assert f"COPY {folder} " in dockerfile, f"the image lacks {folder}/"
 
 
-# -- deployment defaults: placeholders refused, secrets owner-only, jars verified -----------------
+# -- deployment defaults: placeholders refused, secrets owner-only ------------------------------
 
 def _env_file(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
@@ -187,7 +184,6 @@ def _depends(compose, name: str) -> set[str]:
 
 def test_the_stack_refuses_to_start_with_the_placeholders_of_env_example(compose):
     dot_env = _env_file((ROOT / ".env.example").read_text())
-    dot_env.update(DELTA_SPARK_SHA256="0" * 64, DELTA_STORAGE_SHA256="1" * 64)  # past compose's own `:?`
     refused = {}
     for name in compose["services"]:
         started = _start(compose, name, dot_env)
@@ -209,7 +205,6 @@ def test_the_stack_starts_once_every_placeholder_is_replaced(compose):
     for key, value in dot_env.items():
         if value == "change-me":
             dot_env[key] = secrets.token_urlsafe(24)
-    dot_env.update(DELTA_SPARK_SHA256="0" * 64, DELTA_STORAGE_SHA256="1" * 64)
     for name in compose["services"]:
         started = _start(compose, name, dot_env)
         assert (started.returncode, started.stdout.strip(), started.stderr) == (0, "started", ""), (name, started)
@@ -234,54 +229,6 @@ def test_the_init_writes_the_password_file_owner_only(compose, tmp_path):
     airflow_env = compose["services"]["airflow-scheduler"]["environment"]
     assert compose["services"]["airflow-init"]["environment"]["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] \
         == airflow_env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
-
-
-def _maven(tmp_path, version="4.4.1", scala="2.13") -> tuple[str, dict[str, str]]:
-    """A Maven layout on disk (file:// URL) with two jars, and the checksums that match them."""
-    repo = tmp_path / "maven"
-    jars = {"DELTA_SPARK_SHA256": repo / f"io/delta/delta-spark_{scala}/{version}/delta-spark_{scala}-{version}.jar",
-            "DELTA_STORAGE_SHA256": repo / f"io/delta/delta-storage/{version}/delta-storage-{version}.jar"}
-    sums = {}
-    for name, jar in jars.items():
-        jar.parent.mkdir(parents=True)
-        jar.write_bytes(os.urandom(1000))
-        sums[name] = hashlib.sha256(jar.read_bytes()).hexdigest()
-    return f"file://{repo}", sums
-
-
-def _fetch(folder: Path, maven: str, sums: dict[str, str]):
-    env = {"PATH": os.environ["PATH"], "DELTA_VERSION": "4.4.1", "SCALA_VERSION": "2.13", "MAVEN": maven, **sums}
-    return subprocess.run(["sh", str(ROOT / "scripts" / "fetch-delta-jars.sh"), str(folder)], env=env,
-                          capture_output=True, text=True, timeout=60)
-
-
-def test_delta_jars_are_kept_only_with_their_pinned_checksums(tmp_path):
-    maven, sums = _maven(tmp_path)
-    good = _fetch(tmp_path / "good", maven, sums)
-    assert good.returncode == 0, good.stderr
-    assert sorted(p.name for p in (tmp_path / "good").iterdir()) == ["delta-spark_2.13-4.4.1.jar",
-                                                                    "delta-storage-4.4.1.jar"]
-    tampered = _fetch(tmp_path / "tampered", maven, {**sums, "DELTA_STORAGE_SHA256": "f" * 64})
-    assert tampered.returncode == 1 and "not the pinned" in tampered.stderr, tampered.stderr
-    assert not (tmp_path / "tampered" / "delta-storage-4.4.1.jar").exists()
-    assert not list((tmp_path / "tampered").glob("*.part"))
-    half = _fetch(tmp_path / "half", maven, {**sums, "DELTA_SPARK_SHA256": ""})
-    assert half.returncode == 1 and "DELTA_SPARK_SHA256 must be" in half.stderr, half.stderr
-    assert not list((tmp_path / "half").glob("*.jar"))
-    # Nothing pinned: no jar at all (the rs engine needs none), never an unverified one.
-    unpinned = _fetch(tmp_path / "unpinned", maven, {"DELTA_SPARK_SHA256": "", "DELTA_STORAGE_SHA256": ""})
-    assert unpinned.returncode == 0 and "without Delta's jars" in unpinned.stdout, unpinned.stderr
-    assert not list((tmp_path / "unpinned").glob("*"))
-
-
-def test_the_image_build_verifies_the_jars_and_compose_pins_them(compose):
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    for name in ("DELTA_SPARK_SHA256", "DELTA_STORAGE_SHA256"):
-        assert re.search(rf"^ARG {name}$", dockerfile, re.M), f"{name} must be a build argument without a default"
-        assert compose["services"]["airflow-init"]["build"]["args"][name] == f"${{{name}:-}}"
-    assert re.search(r"^RUN fetch-delta-jars\.sh /opt/delta-jars$", dockerfile, re.M)
-    assert "curl" not in dockerfile.split("fetch-delta-jars.sh /opt/delta-jars")[0].split("apt-get install")[1] \
-        .split("\n", 1)[1], "the jars are fetched by the verifying script only"
 
 
 def test_the_driver_listens_where_the_stacks_executors_reach_it(compose):
