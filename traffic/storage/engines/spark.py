@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -157,7 +158,7 @@ class SparkTable(Table):
                 writer.save(str(self.path))
                 break
             except Exception as error:  # noqa: BLE001 - Py4J and Spark Connect raise different kinds
-                if "DELTA_REPLACE_WHERE_MISMATCH" in str(error) or "replaceWhere" in str(error):
+                if "DELTA_REPLACE_WHERE_MISMATCH" in str(error):
                     raise StorageError(f"{self.name}: rows fall outside the keys being replaced") from None
                 if not _conflict(error) or attempt == RETRIES:
                     raise
@@ -326,6 +327,7 @@ class SparkTable(Table):
         finally:
             spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
         gone = sorted(before - self._files_on_disk())
+        self._drop_stale_staging(retention_hours)
         for folder in sorted({(self.path / name).parent for name in gone}, key=lambda p: -len(p.parts)):
             while folder != self.path:  # the folders the deleted files leave empty (an rs write's own folder)
                 try:
@@ -334,6 +336,16 @@ class SparkTable(Table):
                     break
                 folder = folder.parent
         return gone
+
+    def _drop_stale_staging(self, retention_hours: int | None) -> None:
+        """Remove staged folders a crashed write left (a finished write removes its own) once older than the
+        retention: a rerun of that write stages its rows afresh."""
+        folder = self.warehouse.state_dir() / "staging" / self.name
+        hours = 24 if retention_hours is None else retention_hours
+        cutoff = time.time() - hours * 3600
+        for staged in folder.glob("*") if folder.is_dir() else ():
+            if staged.stat().st_mtime < cutoff:
+                shutil.rmtree(staged, ignore_errors=True)
 
     def _files_on_disk(self) -> set[str]:
         return {p.relative_to(self.path).as_posix() for p in self.path.rglob("*.parquet")
