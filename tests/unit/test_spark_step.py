@@ -52,7 +52,29 @@ def test_without_a_configured_server_the_step_is_a_spark_submit(job, monkeypatch
         assert run_spark_step(job, _submitted(calls)) == "submitted"
     assert calls == ["spark-submit"]
     assert "Spark: spark-submit (no warm Spark Connect server is configured" in caplog.text
-    assert "Delta layer: the rs engine" in caplog.text
+
+
+@pytest.mark.parametrize("engine, jars, said", [
+    ("auto", ["delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"],
+     "spark (delta-spark, Delta's jars in {jars})"),
+    ("auto", ["delta-storage-4.4.0.jar"], "rs (delta-rs: no Delta jars in {jars})"),
+    ("rs", ["delta-spark_4.2_2.13-4.4.0.jar"], "rs (engine = rs)"),
+    ("spark", [], "spark (engine = spark)"),
+])
+def test_the_task_log_says_which_delta_engine_writes_and_why(job, engine, jars, said, tmp_path, monkeypatch, caplog):
+    """The engine the settings pick, not the machine's: delta-spark where the jars folder holds delta-spark."""
+    folder = tmp_path / "jars"
+    folder.mkdir()
+    for name in jars:
+        (folder / name).write_bytes(b"")
+    monkeypatch.delenv("TRAFFIC_CONFIG", raising=False)
+    monkeypatch.delenv("TRAFFIC_SPARK_CONNECT", raising=False)
+    monkeypatch.setenv("TRAFFIC_ENGINE", engine)
+    monkeypatch.setenv("TRAFFIC_SPARK_JARS_DIR", str(folder))
+    with caplog.at_level(logging.INFO):
+        run_spark_step(job, _submitted([]))
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("Delta layer: ")] \
+        == ["Delta layer: " + said.format(jars=folder)]
 
 
 def test_a_server_that_does_not_answer_falls_back_to_spark_submit(job, monkeypatch, caplog):
@@ -337,12 +359,13 @@ def test_expiry_that_needs_spark_runs_as_a_step_of_the_same_close(monkeypatch, t
     """With the ``spark`` engine (or an interrupted batch to finish) expiry is a Spark job like the close's other
     steps, through the same runner: a client of the warm server when one answers, never a JVM in the worker."""
     from traffic.orchestration import dag_support
-    from traffic.storage import delta
 
+    monkeypatch.delenv("TRAFFIC_CONFIG", raising=False)
     monkeypatch.setenv("TRAFFIC_WAREHOUSE", str(tmp_path / "warehouse"))
-    monkeypatch.setattr(delta, "choose_engine", lambda settings: "spark")
+    monkeypatch.setenv("TRAFFIC_ENGINE", "spark")
     calls = []
     with caplog.at_level(logging.INFO):
         assert dag_support.expire_raw_detail(END, spark=_steps(calls, reports={"expire": _facts(expired_hours=4)})) \
             == {"expired_hours": 4, "spark_started": True, "watermark": END}  # what its job reported
-    assert calls == [("expire", ["--until", END])] and "expiry needs Spark here (spark engine)" in caplog.text
+    assert calls == [("expire", ["--until", END])]
+    assert "expiry needs Spark here (the tables are written by delta-spark)" in caplog.text
