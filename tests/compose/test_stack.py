@@ -14,7 +14,7 @@ in-process harness on ``local[2]``) fed the same deliveries in the same order. T
 JSON API must list the spark-submit applications as finished with executors on the worker, and the
 warm server as running with its executors there; Airflow's runs must be rows in Postgres; each run's
 data-quality verdict must be readable through the API; the task logs must say which way Spark ran
-and which Delta engine. Then one 1 M-packet batch with one worker and with two, and each of four services
+and which Delta engine, and every commit of every table must be delta-spark's (the image's jars). Then one 1 M-packet batch with one worker and with two, and each of four services
 restarted mid-batch. Last, ``down -v`` must leave nothing of the project. (The per-hour close latency of
 both ways is measured by ``bench/compose.py``, on the same two phases: a timing belongs to the benchmark,
 not to a test run beside others.)
@@ -58,6 +58,24 @@ def say(record_property, line: str) -> None:
 def midnight() -> datetime:
     """Two days back: finished intervals (backfills take no others), well within max_history."""
     return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=2)
+
+
+def committed_by(warehouse: Path) -> dict[str, list[str]]:
+    """Each Delta table under ``warehouse``: the ``engineInfo`` of every commit in its history (delta-rs's
+    reader; a commit delta-rs made has none, delta-spark's names Delta-Lake)."""
+    from deltalake import DeltaTable
+
+    return {str(log.parent.relative_to(warehouse)): [commit.get("engineInfo", "")
+                                                     for commit in DeltaTable(str(log.parent)).history()]
+            for log in sorted(warehouse.rglob("_delta_log"))}
+
+
+def assert_delta_spark_committed_all(warehouse: Path, tables_expected) -> dict[str, list[str]]:
+    engines = committed_by(warehouse)
+    assert set(tables_expected) <= set(engines), f"tables under {warehouse}: {sorted(engines)}"
+    for name, seen in engines.items():
+        assert seen and all("Delta-Lake" in engine for engine in seen), f"{name}: commits by {seen}"
+    return engines
 
 
 def files_under(folder: Path) -> dict[str, bytes]:
@@ -283,8 +301,16 @@ def test_the_task_logs_say_how_spark_ran_and_which_delta_engine(stack, scenario)
     ingest = task_log(stack, "traffic_ingest", scenario["ingest connect"]["dag_run_id"], "ingest")
     assert "client of the warm Spark Connect server" in ingest, ingest[-3000:]
     for log in (freeze, ingest):
-        assert "Delta layer: the rs engine (delta-rs: no Delta Lake jars in /opt/delta-jars)" in log, log[-2000:]
+        assert "Delta layer: spark (delta-spark, Delta's jars in /opt/delta-jars)" in log, log[-2000:]
         assert stack.values["SPARK_CONNECT_TOKEN"] not in log
+
+
+def test_every_table_of_the_stack_is_committed_by_delta_spark(scenario, record_property):
+    """The image's verified jars make delta-spark the stack's engine: no commit of delta-rs's in any table."""
+    engines = assert_delta_spark_committed_all(scenario["stack warehouse"], COMPARED)
+    versions = sorted({engine for seen in engines.values() for engine in seen})
+    say(record_property, f"compose tables committed by delta-spark: {len(engines)} tables, "
+                         f"{sum(map(len, engines.values()))} commits, all by {versions}")
 
 
 def test_airflows_runs_are_rows_in_postgres_and_the_verdicts_are_in_the_api(stack, scenario):
@@ -382,6 +408,7 @@ def test_a_service_restarted_mid_batch_loses_nothing_and_counts_nothing_twice(st
     got = tables(copied, ("hourly",), where={"hourly": lambda row: row["hour"] in hours})["hourly"]
     expected = tables(reference.root / "warehouse", ("hourly",))["hourly"]
     assert expected and got == expected, differences({"hourly": got}, {"hourly": expected}, sides=("stack", "undisturbed"))
+    assert_delta_spark_committed_all(copied, ("packets", "hourly", "batches"))  # retried tasks too
 
 
 def test_down_leaves_nothing(stack, record_property):
