@@ -119,6 +119,42 @@ def test_secrets_come_from_the_env_file(compose):
     assert ".env" in (ROOT / ".gitignore").read_text().split()
 
 
+def _sent_to_the_build(path: str, ignore: list[str]) -> bool:
+    """Whether `docker build` sends ``path`` of the context given this .dockerignore: the last pattern matching
+    the path or a folder above it decides, ``!`` lets it through, ``**/`` matches at any depth."""
+    from fnmatch import fnmatchcase
+
+    def matches(candidate: str, pattern: str) -> bool:
+        if pattern.startswith("**/"):
+            parts = candidate.split("/")
+            return any(fnmatchcase("/".join(parts[n:]), pattern[3:]) for n in range(len(parts)))
+        return fnmatchcase(candidate, pattern)
+
+    parts = path.strip("/").split("/")
+    candidates = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    sent = True
+    for line in ignore:
+        line = line.strip()
+        if line and not line.startswith("#"):
+            pattern = line.removeprefix("!").strip("/")
+            if any(matches(candidate, pattern) for candidate in candidates):
+                sent = line.startswith("!")
+    return sent
+
+
+def test_everything_the_dockerfile_copies_is_in_the_build_context():
+    """A file .dockerignore leaves out fails the build at its COPY (the stack never starts); caught here."""
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    copied = [source for line in (ROOT / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ") and "--from" not in line for source in line.split()[1:-1]]
+    assert "scripts/delta-jars.lock" in copied and "traffic" in copied, copied
+    for source in copied:
+        assert (ROOT / source).exists(), f"the Dockerfile copies {source}, which the repository lacks"
+        assert _sent_to_the_build(source, ignore), f"the Dockerfile copies {source}, which .dockerignore leaves out"
+    for left_out in (".venv/bin/python", "traffic/__pycache__/x.pyc", "warehouse/packets", "jars/delta/x.jar"):
+        assert not _sent_to_the_build(left_out, ignore), left_out
+
+
 def test_dockerfile_installs_what_pyproject_declares():
     dockerfile = (ROOT / "Dockerfile").read_text()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
