@@ -146,7 +146,7 @@ def write_dotenv(path: Path, ui_port: int) -> dict[str, str]:
         "SPARK_CONNECT_TOKEN": secrets.token_hex(32),
         "TRAFFIC_LOCAL_NETWORKS": LOCAL_NETWORKS, "TRAFFIC_KEEP_HOURS": "24", "TRAFFIC_EXPECTED_SOURCES": "",
         "TRAFFIC_EXPORTERS": "", "COLLECTOR_BIND": "127.0.0.1",
-        "DELTA_SPARK_SHA256": "", "DELTA_STORAGE_SHA256": "", **LOCAL_BASES,
+        **LOCAL_BASES,
     }
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     path.chmod(0o600)
