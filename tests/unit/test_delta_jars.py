@@ -225,14 +225,15 @@ def test_the_default_jars_folder_is_the_checkouts_and_settings_override_it(tmp_p
     assert load_settings(environ={"TRAFFIC_SPARK_JARS_DIR": ""}).spark_jars_dir is None
 
     # A folder that is not there, or holds no delta-spark: auto picks rs, without an error.
-    for environ in ({"TRAFFIC_SPARK_JARS_DIR": str(platform)}, {"TRAFFIC_SPARK_JARS_DIR": ""}):
+    for environ in ({"TRAFFIC_SPARK_JARS_DIR": str(platform), "TRAFFIC_ENGINE": "auto"},
+                    {"TRAFFIC_SPARK_JARS_DIR": "", "TRAFFIC_ENGINE": "auto"}):
         settings = load_settings(environ=environ)
         assert (choose_engine(settings), delta_conf(settings), delta_classpath(settings.spark_jars_dir)) == ("rs", {}, [])
     platform.mkdir()
     (platform / "delta-storage-4.4.0.jar").write_bytes(b"")
     assert delta_classpath(platform) == []
     (platform / "delta-spark_4.2_2.13-4.4.0.jar").write_bytes(b"")
-    settings = load_settings(environ={"TRAFFIC_SPARK_JARS_DIR": str(platform)})
+    settings = load_settings(environ={"TRAFFIC_SPARK_JARS_DIR": str(platform), "TRAFFIC_ENGINE": "auto"})
     assert choose_engine(settings) == "spark"
     assert delta_conf(settings) == {
         "spark.jars": f"{platform}/delta-spark_4.2_2.13-4.4.0.jar,{platform}/delta-storage-4.4.0.jar",
