@@ -369,3 +369,19 @@ def test_expiry_that_needs_spark_runs_as_a_step_of_the_same_close(monkeypatch, t
             == {"expired_hours": 4, "spark_started": True, "watermark": END}  # what its job reported
     assert calls == [("expire", ["--until", END])]
     assert "expiry needs Spark here (the tables are written by delta-spark)" in caplog.text
+
+
+def test_expiry_with_nothing_to_expire_starts_no_spark_on_either_engine(monkeypatch, tmp_path):
+    """An hourly close whose hour expires nothing decides so without a JVM, also where delta-spark writes."""
+    from traffic.core.settings import load_settings
+    from traffic.orchestration import dag_support
+    from traffic.storage.warehouse import Warehouse
+
+    monkeypatch.delenv("TRAFFIC_CONFIG", raising=False)
+    monkeypatch.setenv("TRAFFIC_WAREHOUSE", str(tmp_path / "warehouse"))
+    Warehouse(load_settings(), engine="rs").create_all()  # tables, no raw detail
+    for engine in ("rs", "spark"):
+        monkeypatch.setenv("TRAFFIC_ENGINE", engine)
+        calls = []
+        done = dag_support.expire_raw_detail(END, spark=_steps(calls, reports={"expire": _facts(expired_hours=4)}))
+        assert (done["expired_hours"], done["spark_started"], calls) == (0, False, []), engine

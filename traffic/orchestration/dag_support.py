@@ -455,14 +455,19 @@ def inbox_has_new_files() -> bool:
 
 # -- expiry without a JVM ---------------------------------------------------------------------
 
+class _SparkNeeded(Exception):
+    """Expiry has hours to remove from tables delta-spark writes: it runs as a Spark step."""
+
+
 def expire_raw_detail(interval_end: Any, spark: Callable[[str, list[str]], StepRun] | None = None) -> dict:
     """``traffic close --only expire --until <end>``, without a JVM in the worker.
 
-    ``traffic.accounting.close.close`` asks for a session before running any non-empty plan, but expiry
-    with the ``rs`` engine only removes files through delta-rs and never touches it; so the
-    session factory here returns None. When Spark is really needed — the ``spark`` engine, or
-    an interrupted batch to finish first — the same step runs as a Spark job instead (``spark``, as
-    the close's other steps: a client of the warm server or spark-submit), never inside the worker.
+    ``traffic.accounting.close.close`` asks for a session only before running a non-empty plan, and
+    expiry with the ``rs`` engine only removes files through delta-rs and never touches it; so it runs
+    here with no session. When Spark is really needed — hours to expire from tables delta-spark writes,
+    or an interrupted batch to finish first — the same step runs as a Spark job instead (``spark``, as
+    the close's other steps: a client of the warm server or spark-submit), never inside the worker; an
+    hour with nothing to expire starts no JVM on either engine.
     """
     from traffic.storage.journal import pending_batch  # deferred: DAG files import this module at parse time
     from traffic.app.console import print_close  # deferred: DAG parsing stays light
@@ -473,11 +478,21 @@ def expire_raw_detail(interval_end: Any, spark: Callable[[str, list[str]], StepR
     end = as_utc(interval_end)
     pending = Warehouse.reader(settings).exists() and \
         pending_batch(settings.warehouse) is not None
-    if not writes_need_spark(settings) and not pending:
-        result = close(settings, lambda: None, end, lambda message: log.info("%s", message), only=("expire",))
-        print_close(result)
-        return {"expired_hours": result.expired_hours, "spark_started": False,
-                "watermark": result.watermark.isoformat() if result.watermark else None}
+
+    def no_session():
+        if writes_need_spark(settings):
+            raise _SparkNeeded
+        return None
+
+    if not pending:
+        try:
+            result = close(settings, no_session, end, lambda message: log.info("%s", message), only=("expire",))
+        except _SparkNeeded:
+            pass
+        else:
+            print_close(result)
+            return {"expired_hours": result.expired_hours, "spark_started": False,
+                    "watermark": result.watermark.isoformat() if result.watermark else None}
     log.info("expiry needs Spark here (%s): jobs/close.py --only expire",
              "an interrupted batch is waiting" if pending else "the tables are written by delta-spark")
     report = (spark or CloseSteps(settings))("expire", ["--until", end.isoformat()]).report

@@ -78,8 +78,9 @@ class SparkTable(Table):
         properties = {**TABLE_CONFIGURATION, "delta.minReaderVersion": str(PROTOCOL[0]),
                       "delta.minWriterVersion": str(PROTOCOL[1])}
         listed = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
+        spark = self._spark()
         try:
-            self._spark().sql(f"CREATE TABLE IF NOT EXISTS {self._sql_name} ({columns}) USING delta "
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {self._sql_name} ({columns}) USING delta "
                               f"TBLPROPERTIES ({listed})")
         except Exception as error:  # noqa: BLE001 - a racing creator made it first: fine if it exists now
             if not self.exists():
