@@ -242,6 +242,15 @@ class Table:
         """The last version committed by ``app_id`` (an idempotent writer), or None."""
         return self._delta().transaction_version(app_id)
 
+    def checkpoint_due(self) -> bool:
+        """More than ``CHECKPOINT_EVERY`` commits since the last checkpoint (a table created with a longer
+        interval, or commits made without the writer's own post-commit checkpoint)."""
+        try:
+            last = json.loads((self.path / "_delta_log" / "_last_checkpoint").read_text())["version"]
+        except (OSError, ValueError, KeyError):
+            last = -1
+        return self.version() - last > CHECKPOINT_EVERY
+
     def history(self, limit: int | None = None) -> list[dict]:
         """The table's commits, newest first; the pipeline's own tags (``traffic.op``) at the top level
         whichever engine wrote them (delta-spark keeps them in ``userMetadata``)."""

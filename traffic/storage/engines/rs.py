@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from traffic.storage import schemas
 from traffic.storage.keys import KEY_SEGMENT, NULL_KEY, SPAN_GRAIN, SPARK_KEY_FORMATS, KEY_LENGTH, cluster_key
 from traffic.storage.staging import DRIVER_THREADS, RAW_TABLES, Staged, statistics, write_keyed
-from traffic.storage.table import (CHECKPOINT_EVERY, TABLE_CONFIGURATION, WIDE, DataFile, StorageError,
+from traffic.storage.table import (TABLE_CONFIGURATION, WIDE, DataFile, StorageError,
                                    Table, arrow_predicate)
 
 
@@ -316,15 +316,6 @@ class RsTable(Table):
 
     def checkpoint(self) -> None:
         self._delta().create_checkpoint()
-
-    def checkpoint_due(self) -> bool:
-        """More than ``CHECKPOINT_EVERY`` commits since the last checkpoint (tables created with a longer
-        interval, or commits made without delta-rs's post-commit checkpoint)."""
-        try:
-            last = json.loads((self.path / "_delta_log" / "_last_checkpoint").read_text())["version"]
-        except (OSError, ValueError, KeyError):
-            last = -1
-        return self.version() - last > CHECKPOINT_EVERY
 
     def vacuum(self, retention_hours: int | None = None) -> list[str]:
         """Delete the files no current row is in: removed from the log, or never committed (a crashed

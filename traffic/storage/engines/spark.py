@@ -26,7 +26,7 @@ import pyarrow as pa
 from traffic.storage import schemas
 from traffic.storage.keys import KEY_FORMATS, KEY_LENGTH, NULL_KEY, SPAN_GRAIN, cluster_key, key_groups
 from traffic.storage.staging import DRIVER_THREADS, Staged, write_keyed
-from traffic.storage.table import (CHECKPOINT_EVERY, PROTOCOL, TABLE_CONFIGURATION, WIDE, DataFile, StorageError, Table,
+from traffic.storage.table import (PROTOCOL, TABLE_CONFIGURATION, WIDE, DataFile, StorageError, Table,
                                    arrow_predicate)
 
 #: A commit that lost a race with another writer (Delta's optimistic concurrency) is tried again this
@@ -306,15 +306,6 @@ class SparkTable(Table):
         if jvm is None:
             return  # a Spark Connect client cannot reach Delta's checkpoint call; the interval's still apply
         jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(self.path)).checkpoint()
-
-    def checkpoint_due(self) -> bool:
-        """More than ``CHECKPOINT_EVERY`` commits since the last checkpoint (a table created with a
-        longer interval); delta-spark checkpoints at the table's own interval itself."""
-        try:
-            last = json.loads((self.path / "_delta_log" / "_last_checkpoint").read_text())["version"]
-        except (OSError, ValueError, KeyError):
-            last = -1
-        return self.version() - last > CHECKPOINT_EVERY
 
     def vacuum(self, retention_hours: int | None = None) -> list[str]:
         """Delete the files no current row is in, removed more than ``retention_hours`` ago (default: the
