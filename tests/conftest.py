@@ -12,7 +12,8 @@ os.environ.setdefault("TZ", "UTC")
 #: The Delta engine of the suite's warehouses wherever a test names none (``engine = auto`` otherwise picks
 #: delta-spark where ``make setup`` fetched its jars). ``make test`` runs the suite on ``rs``, and the spark
 #: engine's own suites name it: the Delta contract on both engines (``test_delta_contract``), every table
-#: written by both (``test_engines``), the pipeline on delta-spark, the delta-spark query recipe. The whole
+#: written by both (``test_engines``), the pipeline on delta-spark, the delta-spark query recipe; ``tests/e2e``
+#: starts Airflow without the suite's settings, so it runs the default engine, as the compose stack does. The whole
 #: suite on delta-spark (``TRAFFIC_TEST_ENGINE=auto``) takes several times CI's budget today: README, not done.
 SUITE_ENGINE = os.environ.get("TRAFFIC_TEST_ENGINE", "rs")
 os.environ.setdefault("TRAFFIC_ENGINE", SUITE_ENGINE)  # the processes tests start: the CLI, Airflow's tasks
