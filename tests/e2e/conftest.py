@@ -73,9 +73,11 @@ class Airflow:
     env: dict = field(repr=False, default_factory=dict)
 
     def settings(self):
+        """The settings `make airflow`'s processes resolve (their environment names no engine: ``auto``)."""
         from traffic.core.settings import load_settings
 
-        return load_settings(environ={k: v for k, v in self.env.items() if k.startswith("TRAFFIC_")})
+        return load_settings(environ={"TRAFFIC_ENGINE": "auto",
+                                      **{k: v for k, v in self.env.items() if k.startswith("TRAFFIC_")}})
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
