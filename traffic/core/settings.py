@@ -478,3 +478,12 @@ def load_settings(
             values[name] = environ[env_name]
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return build_settings(values)
+
+
+def delta_classpath(folder: Path | None) -> list[Path]:
+    """Delta Lake's jars in ``folder`` for Spark's classpath: all its jars when delta-spark is among them
+    (what the Delta layer's ``auto`` engine looks for), else none (no folder, no delta-spark)."""
+    if folder is None or not folder.is_dir():
+        return []
+    jars = sorted(folder.glob("*.jar"))
+    return jars if any(p.name.startswith(("delta-spark", "delta-core")) for p in jars) else []

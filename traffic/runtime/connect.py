@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from traffic.core.settings import DEFAULT_SPARK_JARS_DIR
+from traffic.core.settings import DEFAULT_SPARK_JARS_DIR, delta_classpath
 from traffic.runtime import jvm
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -69,15 +69,6 @@ DELTA_CONF = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.databricks.delta.snapshotPartitions": "1",
 }
-
-
-def delta_classpath(folder: Path | None) -> list[Path]:
-    """Delta Lake's jars in ``folder`` for Spark's classpath: all its jars when delta-spark is among them
-    (what the Delta layer's ``auto`` engine looks for), else none (no folder, no delta-spark)."""
-    if folder is None or not folder.is_dir():
-        return []
-    jars = sorted(folder.glob("*.jar"))
-    return jars if any(p.name.startswith(("delta-spark", "delta-core")) for p in jars) else []
 
 
 def delta_server_conf(jars_dir: Path | None) -> dict[str, str]:

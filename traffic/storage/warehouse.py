@@ -11,8 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from traffic.core.settings import Settings
-from traffic.runtime.connect import delta_classpath
+from traffic.core.settings import Settings, delta_classpath
 from traffic.storage import schemas
 from traffic.storage.faults import injector
 from traffic.storage.journal import state_folder
