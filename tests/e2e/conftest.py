@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.airflow_api import AirflowApi, backfill_completed, create_backfill, failed_task_logs, write_router_feed  # noqa: F401 (tests import the feed from here)
+from tests.conftest import SUITE_ENGINE
 
 ROOT = Path(__file__).resolve().parents[2]
 UTC = timezone.utc
@@ -73,11 +74,10 @@ class Airflow:
     env: dict = field(repr=False, default_factory=dict)
 
     def settings(self):
-        """The settings `make airflow`'s processes resolve (their environment names no engine: ``auto``)."""
+        """The settings `make airflow`'s processes resolve (their environment names the suite's engine)."""
         from traffic.core.settings import load_settings
 
-        return load_settings(environ={"TRAFFIC_ENGINE": "auto",
-                                      **{k: v for k, v in self.env.items() if k.startswith("TRAFFIC_")}})
+        return load_settings(environ={k: v for k, v in self.env.items() if k.startswith("TRAFFIC_")})
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -216,6 +216,9 @@ def airflow(tmp_path_factory):
         env.update({
             "AIRFLOW_HOME": str(home), "TRAFFIC_WAREHOUSE": str(warehouse), "TRAFFIC_INBOX": str(inbox),
             "TRAFFIC_AIRFLOW_PGDATA": str(database), "TRAFFIC_KEEP_HOURS": "1",
+            # The suite's engine (rs unless TRAFFIC_TEST_ENGINE says otherwise): on delta-spark this module's
+            # ten backfills took 35 min of CI's 60 (16 on rs); the compose test runs Airflow on delta-spark.
+            "TRAFFIC_ENGINE": SUITE_ENGINE,
             "NO_COLOR": "1", "PYTHONUNBUFFERED": "1",  # the log file keeps up, even if we have to SIGKILL
         })
         # A free port can be taken by another test's server between our look and the API server's bind:
