@@ -13,6 +13,6 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3-pip ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && python3.11 -m venv /opt/python \
- && /opt/python/bin/pip install --no-cache-dir --upgrade "pip>=24" "setuptools>=68" wheel
+ && /opt/python/bin/pip install --no-cache-dir pip==26.3 setuptools==84.2.1 wheel==0.48.0
 ENV VIRTUAL_ENV=/opt/python PATH=/opt/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 CMD ["python3"]

@@ -33,7 +33,8 @@ venv() {
   fi
   echo "setting up .venv (first time takes about 2 minutes: pyspark is built once and cached)"
   [ -x .venv/bin/python ] || "$py" -m venv .venv
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip wheel setuptools
+  # Build tools pinned like everything else (setuptools >= 77 reads the SPDX licence string).
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check pip==26.3 wheel==0.48.0 setuptools==84.2.1
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
   echo "$want" > "$stamp"
