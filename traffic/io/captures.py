@@ -109,8 +109,8 @@ from traffic.core.records import (
     PACKET,
     PARSED_SCHEMA,
     REJECT,
-    clip_record,
 )
+from traffic.io.bytes import EXCERPT_BYTES, gather, hex_excerpt, hex_excerpts
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,6 @@ _MAX_RECORD = 262_144
 
 #: Largest timestamp Spark and Delta can hold: 9999-12-31T23:59:59.999999Z, in µs.
 _MAX_TS_US = 253_402_300_799_999_999
-
-#: Captured bytes shown in a reject's ``record``.
-_EXCERPT = 64
 
 # --- link types ---------------------------------------------------------------------------
 
@@ -279,7 +276,7 @@ def parse_capture(
         table = PARSED_SCHEMA.empty_table()
         file_reject = (
             f"could not read capture ({type(exc).__name__}: {exc})",
-            f"byte offset 0: {_hex(data, 0, len(data))}",
+            f"byte offset 0: {hex_excerpt(data, 0, len(data))}",
         )
     if file_reject is not None and end >= len(data):
         reason, record = file_reject
@@ -432,7 +429,7 @@ def udp_datagrams(data: bytes, *, input_file: str, source: str) -> tuple[Datagra
         rejects = PARSED_SCHEMA.empty_table()
         file_reject = (
             f"could not read capture ({type(exc).__name__}: {exc})",
-            f"byte offset 0: {_hex(data, 0, len(data))}",
+            f"byte offset 0: {hex_excerpt(data, 0, len(data))}",
         )
     if file_reject is not None:
         reason, record = file_reject
@@ -532,7 +529,7 @@ def _read_frames(data: bytes) -> tuple[_Frames, tuple[str, str] | None]:
         what = f"magic 0x{bytes(data[:4]).hex()}" if len(data) >= 4 else f"only {len(data)} bytes"
         return _Frames.empty(), (
             f"not a pcap or pcapng file ({what})",
-            f"byte offset 0: {_hex(data, 0, len(data))}",
+            f"byte offset 0: {hex_excerpt(data, 0, len(data))}",
         )
     fmt, order, nanos = kind
     if fmt == "pcap":
@@ -544,7 +541,7 @@ def _file_problem(data: bytes, offset: int, reason: str) -> tuple[str, str]:
     """The one (reason, record) for a file that stops being readable at ``offset``."""
     return (
         f"{reason}; the packets before it are kept, the rest of the file is not read",
-        f"byte offset {offset}: {_hex(data, offset, len(data) - offset)}",
+        f"byte offset {offset}: {hex_excerpt(data, offset, len(data) - offset)}",
     )
 
 
@@ -561,7 +558,7 @@ def _read_pcap(data: bytes, order: str, nanos: bool) -> tuple[_Frames, tuple[str
 
     buf = np.frombuffer(data, np.uint8)
     rec, offset = record_offsets(data, buf, order)
-    header = _gather(buf, rec, 16).view(order + "u4").reshape(-1, 4).astype(np.int64)
+    header = gather(buf, rec, 16).view(order + "u4").reshape(-1, 4).astype(np.int64)
     sec, frac, cap, orig = header.T
     problem = None
     bound = max(snaplen, _MAX_RECORD)
@@ -637,7 +634,7 @@ def record_offsets(data: bytes, buf: np.ndarray, order: str) -> tuple[np.ndarray
             offset += step
             continue
         at = offset + step * np.arange(k, dtype=np.int64)
-        same = _gather(buf, at + 8, 4).view(dtype).ravel() == step - 16
+        same = gather(buf, at + 8, 4).view(dtype).ravel() == step - 16
         held = k if same.all() else int(np.argmin(same))
         if offsets:
             parts.append(np.array(offsets, dtype=np.int64))
@@ -783,11 +780,11 @@ def _packet_blocks(
 ) -> tuple[_Frames, int | None, str]:
     """Enhanced (or obsolete) packet blocks of one section, read in bulk."""
     order = section.order
-    length_and_fields = _gather(buf, blocks + 4, 24).view(order + "u4").reshape(-1, 6).astype(np.int64)
+    length_and_fields = gather(buf, blocks + 4, 24).view(order + "u4").reshape(-1, 6).astype(np.int64)
     length, interface, ts_high, ts_low, cap, orig = length_and_fields.T
     if block_type == _PCAPNG_PB:
         interface = interface & 0xFFFF if order == "<" else interface >> 16
-    trailer = _gather(buf, blocks + length - 4, 4).view(order + "u4").reshape(-1).astype(np.int64)
+    trailer = gather(buf, blocks + length - 4, 4).view(order + "u4").reshape(-1).astype(np.int64)
     bad = np.flatnonzero((length < 32) | (trailer != length) | (cap > length - 32))
     bad_at, why = None, ""
     if len(bad):
@@ -823,7 +820,7 @@ def _packet_blocks(
 
 def _simple_packet_blocks(buf: np.ndarray, blocks: np.ndarray, order: str) -> _Frames:
     """Simple packet blocks: no interface id and no timestamp, so each one is a reject."""
-    length, orig = _gather(buf, blocks + 4, 8).view(order + "u4").reshape(-1, 2).astype(np.int64).T
+    length, orig = gather(buf, blocks + 4, 8).view(order + "u4").reshape(-1, 2).astype(np.int64).T
     n = len(blocks)
     return _Frames(
         pos=blocks + 12,
@@ -871,26 +868,6 @@ def _to_microseconds(raw: np.ndarray, tsresol: int, tsoffset: int) -> tuple[np.n
 # --- decoding frames ----------------------------------------------------------------------
 
 
-def _gather(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """``width`` bytes at each position, as a C-contiguous (n, width) uint8 array.
-
-    Bytes past the end of ``buf`` read as 0 (callers mask what was not captured); negative
-    positions read from 0.
-    """
-    size = len(buf)
-    pos = np.maximum(pos, 0)
-    if size < width:
-        buf = np.concatenate([buf, np.zeros(width - size, np.uint8)])
-        size = width
-    near_end = pos > size - width
-    result = np.lib.stride_tricks.sliding_window_view(buf, width)[np.minimum(pos, size - width)]
-    if near_end.any():
-        tail = np.concatenate([buf[size - width :], np.zeros(width, np.uint8)])
-        start = np.minimum(pos[near_end], size) - (size - width)
-        result[near_end] = np.lib.stride_tricks.sliding_window_view(tail, width)[start]
-    return result
-
-
 def _u8(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """The byte at each position (clamped into the file: callers mask what was not captured)."""
     if not len(buf):
@@ -903,11 +880,11 @@ def _be16(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
 
 
 def _be32(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    return _gather(buf, pos, 4).view(">u4").reshape(-1).astype(np.int64)
+    return gather(buf, pos, 4).view(">u4").reshape(-1).astype(np.int64)
 
 
 def _le32(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    return _gather(buf, pos, 4).view("<u4").reshape(-1).astype(np.int64)
+    return gather(buf, pos, 4).view("<u4").reshape(-1).astype(np.int64)
 
 
 @dataclass
@@ -1088,7 +1065,7 @@ def _decode_ipv4(buf, rows, l3, end, wire_ip, d: _Decoded, code, value) -> None:
     short = captured < 20
     code[rows[short]] = _R_IP_SHORT
     value[rows[short]] = captured[short]
-    fixed = _gather(buf, l3, 20)
+    fixed = gather(buf, l3, 20)
     header = (fixed[:, 0] & 0x0F).astype(np.int64) * 4
     bad_ihl = ~short & (header < 20)
     code[rows[bad_ihl]] = _R_IHL
@@ -1119,7 +1096,7 @@ def _decode_ipv6(buf, rows, l3, end, wire_ip, d: _Decoded, code, value) -> None:
     short = captured < 40
     code[rows[short]] = _R_IP_SHORT
     value[rows[short]] = captured[short]
-    fixed = _gather(buf, l3, 40)
+    fixed = gather(buf, l3, 40)
     payload = (fixed[:, 4].astype(np.int64) << 8) | fixed[:, 5]
     first = fixed[:, 6].astype(np.int64)
     n = len(d.family)
@@ -1195,7 +1172,7 @@ def _jumbo_payload(buf: np.ndarray, l3: int, end: int) -> int | None:
 def _set_ports(buf, rows, at, ported, d: _Decoded) -> None:
     """Source and destination ports from the transport header at ``at``, where ``ported``."""
     picked = rows[ported]
-    ports = _gather(buf, at[ported], 4).astype(np.int64)
+    ports = gather(buf, at[ported], 4).astype(np.int64)
     d.src_port[picked] = (ports[:, 0] << 8) | ports[:, 1]
     d.dst_port[picked] = (ports[:, 2] << 8) | ports[:, 3]
 
@@ -1387,11 +1364,11 @@ def _coded_reasons(code: np.ndarray, value: np.ndarray) -> pa.Array:
 
 def _frame_excerpts(buf: np.ndarray, rows: np.ndarray, pos: np.ndarray, cap: np.ndarray) -> pa.Array:
     """"frame N at byte offset P: <hex of the first 64 captured bytes>[…]" for each row, in bulk."""
-    shown = np.clip(np.minimum(cap, len(buf) - pos), 0, _EXCERPT)
+    shown = np.clip(np.minimum(cap, len(buf) - pos), 0, EXCERPT_BYTES)
     # in slices, so the temporary arrays stay small
     hex_text = pa.concat_arrays(
         [
-            _hex_excerpts(buf, pos[i : i + _HEX_SLICE], shown[i : i + _HEX_SLICE])
+            hex_excerpts(buf, pos[i : i + _HEX_SLICE], shown[i : i + _HEX_SLICE])
             for i in range(0, max(len(rows), 1), _HEX_SLICE)
         ]
     )
@@ -1402,34 +1379,12 @@ def _frame_excerpts(buf: np.ndarray, rows: np.ndarray, pos: np.ndarray, cap: np.
         pa.array(pos).cast(pa.string()),
         ": ",
         hex_text,
-        pc.if_else(pa.array(cap > _EXCERPT), "…", ""),
+        pc.if_else(pa.array(cap > EXCERPT_BYTES), "…", ""),
         "",
     )
 
 
 _HEX_SLICE = 65_536
-
-
-def _hex_excerpts(buf: np.ndarray, pos: np.ndarray, shown: np.ndarray) -> pa.Array:
-    """Lower-case hex of ``shown`` bytes at each position."""
-    width = 2 * _EXCERPT
-    excerpt = _gather(buf, pos, _EXCERPT)
-    digits = np.empty((len(pos), _EXCERPT, 2), np.uint8)
-    digits[:, :, 0] = excerpt >> 4
-    digits[:, :, 1] = excerpt & 0x0F
-    # nibble → ASCII, eight at a time: bytes holding 10..15 get bit 7 set by adding 0x76
-    words = digits.reshape(-1).view(np.uint64)
-    letters = ((words + np.uint64(0x7676767676767676)) & np.uint64(0x8080808080808080)) >> np.uint64(7)
-    words += np.uint64(0x3030303030303030) + letters * np.uint64(ord("a") - ord("0") - 10)
-    digits = digits.reshape(len(pos), width)
-    if (shown == _EXCERPT).all():  # the usual case: one stride for all
-        offsets, text = np.arange(len(pos) + 1, dtype=np.int32) * width, digits
-    else:
-        offsets = np.concatenate([[0], np.cumsum(2 * shown)]).astype(np.int32)
-        text = digits[np.arange(width) < 2 * shown[:, None]]
-    return pa.StringArray.from_buffers(
-        len(pos), pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(text))
-    )
 
 
 def _spread(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
@@ -1451,13 +1406,6 @@ def _spread(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
     return pa.StringArray.from_buffers(
         n, pa.py_buffer(spread.astype(np.int32)), values.buffers()[2], pa.py_buffer(validity), n - len(rows)
     )
-
-
-def _hex(data, offset: int, available: int) -> str:
-    """Hex of up to the first 64 of ``available`` bytes at ``offset``, '…' when cut."""
-    available = max(0, min(available, len(data) - offset))
-    excerpt = bytes(data[offset : offset + min(available, _EXCERPT)]).hex()
-    return clip_record(excerpt + ("…" if available > _EXCERPT else ""))
 
 
 def _reject_table(reason: str, record: str, source: str, input_file: str) -> pa.Table:
