@@ -24,8 +24,8 @@ import pytest
 
 from tests.support.sockets import socket_inodes, tcp_listening
 from tests.unit.test_embedded_airflow import Supervised, alive, gone
-from traffic.orchestration import embedded
-from traffic.orchestration.embedded import Refused
+from traffic.orchestration import airflow_postgres
+from traffic.orchestration.airflow_postgres import Refused
 
 CLIENT = ("client", [sys.executable, "-c", """
 import asyncio, os, time
@@ -78,7 +78,7 @@ def server_uid() -> int:
 
 
 def test_the_server_accepts_its_socket_only_keeps_the_password_private_and_stops_with_ctrl_c(base):
-    folder = embedded.prepare(base / "pg", io.StringIO())
+    folder = airflow_postgres.prepare(base / "pg", io.StringIO())
     secret = folder.password_file.stat()
     assert stat.S_IMODE(secret.st_mode) == 0o600 and secret.st_uid == server_uid()
     assert stat.S_IMODE(folder.root.stat().st_mode) == 0o700 and folder.data.stat().st_uid == server_uid()
@@ -107,11 +107,11 @@ def test_the_server_accepts_its_socket_only_keeps_the_password_private_and_stops
 
 def test_a_second_start_reuses_the_cluster_a_killed_supervisor_leaves_no_server_and_a_stale_pid_file_is_handled(base):
     said = io.StringIO()
-    folder = embedded.prepare(base / "pg", said)
+    folder = airflow_postgres.prepare(base / "pg", said)
     password, made = folder.password(), (folder.data / "PG_VERSION").stat().st_ino
     assert "made a PostgreSQL" in said.getvalue()
     again = io.StringIO()
-    assert embedded.prepare(base / "pg", again) == folder and again.getvalue() == ""
+    assert airflow_postgres.prepare(base / "pg", again) == folder and again.getvalue() == ""
     assert folder.password() == password and (folder.data / "PG_VERSION").stat().st_ino == made
 
     run = Supervised(base, [CLIENT], pgdata=str(folder.root))
@@ -137,7 +137,7 @@ def test_a_second_start_reuses_the_cluster_a_killed_supervisor_leaves_no_server_
 
 
 def test_the_server_dying_stops_everything_with_a_non_zero_exit(base):
-    folder = embedded.prepare(base / "pg", io.StringIO())
+    folder = airflow_postgres.prepare(base / "pg", io.StringIO())
     waiting = ("idle", ["sh", "-c", "echo $$ > idle.pid; exec sleep 600"])
     run = Supervised(base, [CLIENT, waiting], pgdata=str(folder.root))
     run.wait_for(CONNECTED)
@@ -156,7 +156,7 @@ def test_a_folder_the_server_user_cannot_reach_is_refused_in_one_line(base):
     closed = base / "closed"
     closed.mkdir(mode=0o700)  # like /tmp/pytest-of-root
     with pytest.raises(Refused) as refused:
-        embedded.prepare(closed / "pg", io.StringIO())
+        airflow_postgres.prepare(closed / "pg", io.StringIO())
     message = str(refused.value)
     assert "\n" not in message and "TRAFFIC_AIRFLOW_PGDATA" in message, message
     assert f"({closed} is closed to it)" in message, message

@@ -18,15 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from traffic.orchestration import embedded
-from traffic.orchestration.embedded import PostgresFolder, Refused
+from traffic.orchestration import airflow_postgres, processes
+from traffic.orchestration.airflow_postgres import PostgresFolder, Refused
 
 ROOT = Path(__file__).resolve().parents[2]
 
 DRIVER = """
 import json, sys
 from pathlib import Path
-from traffic.orchestration.embedded import PostgresFolder, Supervisor
+from traffic.orchestration.airflow_postgres import PostgresFolder
+from traffic.orchestration.embedded import Supervisor
 spec = json.loads(sys.argv[1])
 folder = PostgresFolder(Path(spec["pgdata"])) if spec.get("pgdata") else None
 options = {k: spec[k] for k in ("grace", "restarts", "second_signal", "stop_after", "on_stop") if k in spec}
@@ -300,21 +301,21 @@ def test_the_url_uses_psycopg2_the_socket_folder_and_a_quoted_password(tmp_path)
 
 
 def test_a_socket_path_too_long_is_refused_in_one_line(tmp_path):
-    deep = tmp_path / ("x" * (embedded.SOCKET_PATH_MAX - len(str(tmp_path))))
+    deep = tmp_path / ("x" * (airflow_postgres.SOCKET_PATH_MAX - len(str(tmp_path))))
     with pytest.raises(Refused) as refused:
-        embedded.prepare(deep)
+        airflow_postgres.prepare(deep)
     message = str(refused.value)
     assert "\n" not in message and "TRAFFIC_AIRFLOW_PGDATA" in message and "107" in message, message
     assert not deep.exists()  # refused before anything was made
     fits = tmp_path / "pg"
-    assert len(os.fsencode(PostgresFolder(fits).socket)) <= embedded.SOCKET_PATH_MAX
+    assert len(os.fsencode(PostgresFolder(fits).socket)) <= airflow_postgres.SOCKET_PATH_MAX
 
 
 def test_a_folder_holding_other_files_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     before = tmp_path.stat()
     with pytest.raises(Refused, match="holds other files"):
-        embedded.prepare(tmp_path)
+        airflow_postgres.prepare(tmp_path)
     after = tmp_path.stat()
     assert (after.st_mode, after.st_uid) == (before.st_mode, before.st_uid)  # not taken over
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
@@ -332,8 +333,8 @@ def test_the_server_ready_line_of_postmaster_pid(tmp_path):
 
 
 def test_exit_descriptions():
-    assert embedded._describe(3) == "code 3"
-    assert embedded._describe(-signal.SIGKILL) == "killed by SIGKILL"
+    assert processes.describe_exit(3) == "code 3"
+    assert processes.describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
 
 
 def test_only_debians_server_folders_count(tmp_path):
@@ -341,24 +342,24 @@ def test_only_debians_server_folders_count(tmp_path):
         (tmp_path / version / "bin").mkdir(parents=True)
         (tmp_path / version / "bin" / "postgres").write_text("")
     (tmp_path / "17" / "bin").mkdir(parents=True)  # the client only
-    assert embedded.installed_servers(tmp_path) == {"15": tmp_path / "15" / "bin", "16": tmp_path / "16" / "bin"}
+    assert airflow_postgres.installed_servers(tmp_path) == {"15": tmp_path / "15" / "bin", "16": tmp_path / "16" / "bin"}
 
 
 def test_a_missing_server_is_installed_only_by_root_and_otherwise_refused_in_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(embedded, "installed_servers", lambda: {})
-    monkeypatch.setattr(embedded.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(airflow_postgres, "installed_servers", lambda: {})
+    monkeypatch.setattr(airflow_postgres.os, "geteuid", lambda: 1000)
     with pytest.raises(Refused) as refused:
-        embedded.server_bin(PostgresFolder(tmp_path / "pg"), sys.stderr)
+        airflow_postgres.server_bin(PostgresFolder(tmp_path / "pg"), sys.stderr)
     assert "sudo apt-get install -y postgresql" in str(refused.value) and "\n" not in str(refused.value)
 
     ran = []
-    monkeypatch.setattr(embedded.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(embedded.shutil, "which", lambda name: "/usr/bin/apt-get")
-    monkeypatch.setattr(embedded.subprocess, "run", lambda argv, **kw: ran.append((argv, kw["env"]["DEBIAN_FRONTEND"]))
+    monkeypatch.setattr(airflow_postgres.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(airflow_postgres.shutil, "which", lambda name: "/usr/bin/apt-get")
+    monkeypatch.setattr(airflow_postgres.subprocess, "run", lambda argv, **kw: ran.append((argv, kw["env"]["DEBIAN_FRONTEND"]))
                         or subprocess.CompletedProcess(argv, 100))
     with pytest.raises(Refused, match=r"could not install PostgreSQL's server \(apt-get install -y postgresql: "
                                       r"code 100"):
-        embedded.server_bin(PostgresFolder(tmp_path / "pg"), open(os.devnull, "w"))
+        airflow_postgres.server_bin(PostgresFolder(tmp_path / "pg"), open(os.devnull, "w"))
     assert [argv for argv, _ in ran] == [["apt-get", "install", "-y", "-q", "postgresql"], ["apt-get", "update", "-q"],
                                          ["apt-get", "install", "-y", "-q", "postgresql"]]
     assert {frontend for _, frontend in ran} == {"noninteractive"}
@@ -368,9 +369,9 @@ def test_a_cluster_of_another_major_version_is_refused(tmp_path, monkeypatch):
     folder = PostgresFolder(tmp_path / "pg")
     folder.data.mkdir(parents=True)
     (folder.data / "PG_VERSION").write_text("14\n")
-    monkeypatch.setattr(embedded, "installed_servers", lambda: {"15": Path("/usr/lib/postgresql/15/bin")})
+    monkeypatch.setattr(airflow_postgres, "installed_servers", lambda: {"15": Path("/usr/lib/postgresql/15/bin")})
     with pytest.raises(Refused, match="is PostgreSQL 14, whose server is not installed .installed: 15.: "
                                       "install postgresql-14"):
-        embedded.server_bin(folder, sys.stderr)
+        airflow_postgres.server_bin(folder, sys.stderr)
     (folder.data / "PG_VERSION").write_text("15\n")
-    assert embedded.server_bin(folder, sys.stderr) == Path("/usr/lib/postgresql/15/bin")
+    assert airflow_postgres.server_bin(folder, sys.stderr) == Path("/usr/lib/postgresql/15/bin")
