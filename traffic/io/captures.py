@@ -103,7 +103,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic.core.records import (
-    DIRECTIONS,
     MAX_BYTES_V4,
     MAX_BYTES_V4_GSO,
     PACKET,
@@ -111,6 +110,8 @@ from traffic.core.records import (
     REJECT,
 )
 from traffic.io.bytes import EXCERPT_BYTES, gather, hex_excerpt, hex_excerpts
+from traffic.io.orientation import DIRECTION_TEXTS, IN, LocalNetworks, direction_codes, local_keys, neither_local_reason
+from traffic.io.orientation import local_networks as local_networks_of
 
 log = logging.getLogger(__name__)
 
@@ -164,11 +165,6 @@ _AF_INET6 = (10, 24, 28, 30)
 _PORT_PROTOCOLS = (6, 17, 132)
 _V6_EXTENSIONS = (0, 43, 44, 51, 60)
 _MAX_V6_EXTENSIONS = 16
-
-#: Stored directions, then null for a neither-local packet kept with ``keep_transit`` (unknown).
-_DIRECTIONS = pa.array([*DIRECTIONS, None], pa.string())
-_IN, _OUT, _INTERNAL = (DIRECTIONS.index(name) for name in ("in", "out", "internal"))
-_UNKNOWN = len(DIRECTIONS)
 
 # --- reject reasons -----------------------------------------------------------------------
 # Frames are judged in bulk, so a rejected frame carries a reason code and one integer;
@@ -262,7 +258,7 @@ def parse_capture(
     Raises ``ValueError`` only for a bad ``local_networks`` entry (configuration, not
     input); bad capture bytes become rejects.
     """
-    networks = _parse_networks(local_networks)
+    networks = local_networks_of(local_networks)
     start, end = own if own is not None else (0, len(data))
     try:
         frames, file_reject = _read_frames(data)
@@ -401,7 +397,7 @@ def udp_datagrams(data: bytes, *, input_file: str, source: str) -> tuple[Datagra
             _reject(code, value, cut, _R_DATAGRAM_CUT, ((udp_length - 8) << 32) | np.maximum(end - at - 8, 0))
         rows = np.flatnonzero(code == _OK)
         if n:
-            index, texts, _ = _addresses(d.addresses[:n][rows], _Networks([], []))
+            index, texts, _ = _addresses(d.addresses[:n][rows], LocalNetworks())
             texts = texts.to_pylist()
             datagrams = Datagrams(
                 buffer=data,
@@ -1180,32 +1176,7 @@ def _set_ports(buf, rows, at, ported, d: _Decoded) -> None:
 # --- orientation and the output table -----------------------------------------------------
 
 
-@dataclass
-class _Networks:
-    v4: list[tuple[int, int]]  # (network, mask)
-    v6: list[tuple[int, int, int, int]]  # (network high, low, mask high, low)
-
-
-def _parse_networks(local_networks: list[str]) -> _Networks:
-    """CIDR strings → integer (network, mask) pairs per family; a bad entry is a ValueError."""
-    if isinstance(local_networks, str):
-        raise TypeError("local_networks must be a list of CIDR strings, not one string")
-    networks = _Networks([], [])
-    for text in local_networks:
-        try:
-            net = ipaddress.ip_network(str(text).strip(), strict=False)
-        except ValueError as exc:
-            raise ValueError(f"local_networks: {text!r} is not a CIDR network ({exc})") from None
-        address, mask = int(net.network_address), int(net.netmask)
-        if net.version == 4:
-            networks.v4.append((address, mask))
-        else:
-            low = (1 << 64) - 1
-            networks.v6.append((address >> 64, address & low, mask >> 64, mask & low))
-    return networks
-
-
-def _addresses(keys: np.ndarray, networks: _Networks) -> tuple[np.ndarray, pa.Array, np.ndarray]:
+def _addresses(keys: np.ndarray, networks: LocalNetworks) -> tuple[np.ndarray, pa.Array, np.ndarray]:
     """Encode (family byte + 16 address bytes) keys: per-key index, text and locality per distinct address."""
     encoded = pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(17), len(keys), [None, pa.py_buffer(keys)]
@@ -1223,21 +1194,7 @@ def _addresses(keys: np.ndarray, networks: _Networks) -> tuple[np.ndarray, pa.Ar
             texts.append(str(ipaddress.IPv6Address(bytes(row[1:]))))
         else:  # a frame that is no IP packet: never looked at
             texts.append("")
-    local = np.zeros(len(distinct), bool)
-    is_v4 = distinct[:, 0] == 4
-    is_v6 = distinct[:, 0] == 6
-    if networks.v4:
-        value = np.ascontiguousarray(distinct[:, 13:]).view(">u4").reshape(-1).astype(np.uint64)
-        for address, mask in networks.v4:
-            local |= is_v4 & ((value & np.uint64(mask)) == np.uint64(address))
-    if networks.v6:
-        halves = np.ascontiguousarray(distinct[:, 1:]).view(">u8").reshape(-1, 2).astype(np.uint64)
-        high, low = halves[:, 0], halves[:, 1]
-        for net_high, net_low, mask_high, mask_low in networks.v6:
-            local |= is_v6 & (
-                ((high & np.uint64(mask_high)) == np.uint64(net_high))
-                & ((low & np.uint64(mask_low)) == np.uint64(net_low))
-            )
+    local = local_keys(distinct, networks)
     return index, pa.array(texts, pa.string()), local
 
 
@@ -1263,7 +1220,7 @@ def _store_mapped_as_ipv4(d: _Decoded, code: np.ndarray, value: np.ndarray) -> N
 
 
 def _frames_to_table(
-    data, frames: _Frames, networks: _Networks, keep_transit: bool, source: str, input_file: str,
+    data, frames: _Frames, networks: LocalNetworks, keep_transit: bool, source: str, input_file: str,
     numbers: np.ndarray | None = None,
 ) -> pa.Table:
     """Decode, orient and judge every frame: one ``PARSED_SCHEMA`` row per frame, in order.
@@ -1286,10 +1243,8 @@ def _frames_to_table(
     neither = ~src_local & ~dst_local
     if not keep_transit:
         code[ip[neither]] = _R_NEITHER
-    direction = np.select(
-        [src_local & dst_local, src_local, dst_local], [_INTERNAL, _OUT, _IN], _UNKNOWN
-    )
-    inbound = dst_local & ~src_local
+    direction = direction_codes(src_local, dst_local)
+    inbound = direction == IN
 
     ok = code == _OK
     null = ~ok
@@ -1314,14 +1269,7 @@ def _frames_to_table(
         at_ip = np.zeros(n, np.int64)
         at_ip[ip] = np.arange(k)
         transit = at_ip[rejected[~coded]]
-        neither = pc.binary_join_element_wise(
-            "neither address is in local_networks (",
-            texts.take(pa.array(src[transit])),
-            " → ",
-            texts.take(pa.array(dst[transit])),
-            ")",
-            "",
-        )
+        neither = neither_local_reason(texts.take(pa.array(src[transit])), texts.take(pa.array(dst[transit])))
         order = np.concatenate([np.flatnonzero(coded), np.flatnonzero(~coded)])
         reasons = pa.concat_arrays([reasons.filter(pa.array(coded)), neither]).take(
             pa.array(np.argsort(order, kind="stable"))
@@ -1341,7 +1289,7 @@ def _frames_to_table(
         "remote_port": pa.array(remote_port.astype(np.int32), mask=null | (remote_port < 0)),
         "protocol": pa.array(protocol.astype(np.int32), mask=null | (protocol < 0)),
         "bytes": pa.array(d.length, pa.int64(), mask=null),
-        "direction": _DIRECTIONS.take(pa.array(column(direction, np.int8), mask=null)),
+        "direction": DIRECTION_TEXTS.take(pa.array(column(direction, np.int8), mask=null)),
         "reason": reason,
         "record": record,
         "input_file": pa.repeat(pa.scalar(input_file, pa.string()), n),

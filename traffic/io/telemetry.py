@@ -43,9 +43,6 @@ of the datagram count. So one record puts at most 6 × 10**13 bytes (< 2**46) in
 
 from __future__ import annotations
 
-import functools
-import ipaddress
-import socket
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -56,6 +53,7 @@ from traffic.core.periods import apportion_to_panes
 from traffic.core.records import PACKET, PARSED_SCHEMA, REJECT, TICK
 from traffic.io.captures import Datagrams, udp_datagrams
 from traffic.io.flows import FlowState, Waiting, decode, decode_waiting, expire_waiting
+from traffic.io.orientation import DIRECTION_TEXTS, IN, direction_codes, local_networks, local_texts, neither_local_reason
 
 __all__ = ["TelemetryRules", "TelemetryState", "Telemetry", "LOST_SCHEMA", "read_telemetry", "expire_waiting_by",
            "judge_sequence", "close_gaps_by"]
@@ -64,7 +62,6 @@ _TS = pa.timestamp("us", tz="UTC")
 _PANE_US = 300_000_000
 _SEQUENCE_SPACE = 1 << 32
 _PORT_PROTOCOLS = (6, 17, 132)
-_DIRECTIONS = pa.array(["in", "out", "internal", None], pa.string())
 LOST_SCHEMA = pa.schema([("source", pa.string()), ("pane_start", _TS), ("lost", pa.int64())])
 
 
@@ -201,7 +198,8 @@ def _rows(flows: pa.Table, source: str, input_file: str, rules: TelemetryRules) 
     if flows.num_rows == 0:
         return PARSED_SCHEMA.empty_table()
     src, dst = flows.column("src_ip"), flows.column("dst_ip")
-    src_local, dst_local = _is_local(src, rules.local_networks), _is_local(dst, rules.local_networks)
+    networks = local_networks(rules.local_networks)
+    src_local, dst_local = local_texts(src, networks), local_texts(dst, networks)
     neither = ~src_local & ~dst_local
     rejects = PARSED_SCHEMA.empty_table()
     if neither.any() and not rules.keep_transit:
@@ -228,18 +226,18 @@ def _rows(flows: pa.Table, source: str, input_file: str, rules: TelemetryRules) 
             return rejects
     n = flows.num_rows
     flow, ts, (share_bytes, share_packets) = apportion_to_panes(start, end, [size * rate, count * rate])
-    # Codes into _DIRECTIONS: in, out, internal, or unknown (kept transit: the sender is "local").
-    code = np.where(src_local & dst_local, 2, np.where(src_local, 1, np.where(dst_local, 0, 3))).astype(np.int8)
+    # in, out, internal, or unknown (kept transit: the sender is "local")
+    code = direction_codes(src_local, dst_local)
     spread = len(flow) != n  # some flow has several shares: its columns repeat once per share
     take = pa.array(flow) if spread else None
     code = code[flow] if spread else code
-    inbound = pa.array(code == 0)  # the local side received it: the remote side is the source
+    inbound = pa.array(code == IN)  # the local side received it: the remote side is the source
     protocol = flows.column("protocol")
     sport, dport = flows.column("src_port"), flows.column("dst_port")
     if spread:
         src, dst, sport, dport, protocol = (c.take(take) for c in (src, dst, sport, dport, protocol))
     m = len(flow)
-    received = code == 0
+    received = code == IN
     if not received.any():  # every flow sent by the local side (or internal): no column to swap
         local_ip, remote_ip, local_port, remote_port = src, dst, sport, dport
     elif received.all():
@@ -257,7 +255,7 @@ def _rows(flows: pa.Table, source: str, input_file: str, rules: TelemetryRules) 
         "remote_port": remote_port,
         "protocol": protocol,
         "bytes": pa.array(share_bytes, pa.int64()),
-        "direction": _DIRECTIONS.take(pa.array(code)),
+        "direction": DIRECTION_TEXTS.take(pa.array(code)),
         "reason": pa.nulls(m, pa.string()),
         "record": pa.nulls(m, pa.string()),
         "input_file": pa.repeat(pa.scalar(input_file), m),
@@ -395,40 +393,12 @@ def _neither_local(flows: pa.Table, source: str, input_file: str) -> pa.Table:
     columns.update({
         "kind": pa.repeat(pa.scalar(REJECT), k), "source": pa.repeat(pa.scalar(source), k),
         "input_file": pa.repeat(pa.scalar(input_file), k),
-        "reason": pc.binary_join_element_wise("neither address is in local_networks (", src, " → ", dst, ")", ""),
+        "reason": neither_local_reason(src, dst),
         "record": pc.binary_join_element_wise(flows.column("format"), " flow from ", stamp, " ", src, " → ", dst,
                                               ", ", flows.column("bytes").cast(pa.string()), " bytes × ",
                                               flows.column("sampling_rate").cast(pa.string()), "", ""),
     })
     return pa.table(columns, schema=PARSED_SCHEMA)
-
-
-@functools.lru_cache(maxsize=64)
-def _networks(local_networks: tuple[str, ...]) -> dict[int, list[tuple[int, int]]]:
-    """Per address family, the (first, last) address of each local network, as integers."""
-    ranges: dict[int, list[tuple[int, int]]] = {socket.AF_INET: [], socket.AF_INET6: []}
-    for text in local_networks:
-        net = ipaddress.ip_network(text, strict=False)
-        family = socket.AF_INET if net.version == 4 else socket.AF_INET6
-        ranges[family].append((int(net.network_address), int(net.broadcast_address)))
-    return ranges
-
-
-def _is_local(addresses: pa.Array, local_networks: tuple[str, ...]) -> np.ndarray:
-    """Whether each address lies in ``local_networks``: each distinct address (canonical text, from the
-    decoder) is looked up once, as an integer against each network's range."""
-    encoded = pc.dictionary_encode(addresses)
-    if isinstance(encoded, pa.ChunkedArray):
-        encoded = encoded.combine_chunks()
-    ranges = _networks(tuple(local_networks))
-    flags = np.zeros(len(encoded.dictionary), dtype=bool)
-    for i, text in enumerate(encoded.dictionary.to_pylist()):
-        if text:
-            family = socket.AF_INET6 if ":" in text else socket.AF_INET
-            value = int.from_bytes(socket.inet_pton(family, text), "big")
-            flags[i] = any(lo <= value <= hi for lo, hi in ranges[family])
-    return flags[pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)] if len(flags) else \
-        np.zeros(len(addresses), dtype=bool)
 
 
 # --- ticks and losses ---------------------------------------------------------------------------
