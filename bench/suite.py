@@ -945,7 +945,7 @@ def main() -> int:
     info = feeds.machine()
     info["load_before"] = feeds.uptime()
     from traffic.core.settings import load_settings
-    from traffic.storage.warehouse import engine_reason
+    from traffic.storage.engine import engine_reason
 
     info["engine"] = engine_reason(load_settings(environ={}, overrides={"engine": args.engine}))
     log(f"Delta engine: {info['engine']}")

@@ -49,7 +49,7 @@ engine_line() {
   fi
   .venv/bin/python - <<'EOF'
 from traffic.core.settings import SettingsError, load_settings
-from traffic.storage.warehouse import engine_reason
+from traffic.storage.engine import engine_reason
 
 try:
     print(engine_reason(load_settings()))

@@ -21,7 +21,8 @@ import pytest
 from tests.e2e.conftest import OUT, REPEATS, form_field, logged_in, pick_datetime, write_router_feed
 from tests.support.screenshots import publish_for_docs
 from traffic.storage import state as st
-from traffic.storage.warehouse import Warehouse, writes_need_spark
+from traffic.storage.engine import writes_need_spark
+from traffic.storage.warehouse import Warehouse
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ import pytest
 from traffic.storage.table import StorageError
 
 from traffic.runtime.connect import delta_classpath
-from traffic.storage.warehouse import Warehouse, choose_engine
+from traffic.storage.engine import choose_engine
+from traffic.storage.warehouse import Warehouse
 from traffic.core.settings import load_settings
 
 UTC = timezone.utc

@@ -16,7 +16,8 @@ import pytest
 
 from traffic.core.settings import load_settings
 from traffic.storage import schemas
-from traffic.storage.warehouse import Warehouse, choose_engine
+from traffic.storage.engine import choose_engine
+from traffic.storage.warehouse import Warehouse
 
 UTC = timezone.utc
 HOURS = [datetime(2026, 11, 1, 10, tzinfo=UTC), datetime(2026, 11, 1, 11, tzinfo=UTC)]

@@ -32,7 +32,8 @@ from tests.support.harness import Harness, tick_line
 from traffic.app import demo
 from traffic.core.settings import load_settings
 from traffic.reporting.report import show
-from traffic.storage.warehouse import Warehouse, choose_engine
+from traffic.storage.engine import choose_engine
+from traffic.storage.warehouse import Warehouse
 
 UTC = timezone.utc
 DOC = Path(__file__).resolve().parents[2] / "docs" / "query.md"

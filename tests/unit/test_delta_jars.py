@@ -215,7 +215,7 @@ def test_the_default_jars_folder_is_the_checkouts_and_settings_override_it(tmp_p
     from traffic.core.settings import load_settings
     from traffic.runtime.connect import delta_classpath
     from traffic.runtime.spark import delta_conf
-    from traffic.storage.warehouse import choose_engine
+    from traffic.storage.engine import choose_engine
 
     assert load_settings(environ={}).spark_jars_dir == ROOT / "jars" / "delta"
     assert re.search(r'fetch-delta-jars\.sh --via "\$via" jars/delta', (ROOT / "scripts" / "setup.sh").read_text())

@@ -92,7 +92,7 @@ def prepare_spark_submit(task, quick_by_default: bool) -> None:
 
 
 def _say_delta_engine(settings) -> None:
-    from traffic.storage.warehouse import engine_reason  # deferred: DAG parsing stays light
+    from traffic.storage.engine import engine_reason  # deferred: DAG parsing stays light
 
     log.info("Delta layer: %s", engine_reason(settings))
 
@@ -472,7 +472,8 @@ def expire_raw_detail(interval_end: Any, spark: Callable[[str, list[str]], StepR
     from traffic.storage.journal import pending_batch  # deferred: DAG files import this module at parse time
     from traffic.app.console import print_close  # deferred: DAG parsing stays light
     from traffic.app.runs import close  # deferred: DAG parsing stays light
-    from traffic.storage.warehouse import Warehouse, writes_need_spark  # deferred: DAG parsing stays light
+    from traffic.storage.engine import writes_need_spark  # deferred: DAG parsing stays light
+    from traffic.storage.warehouse import Warehouse  # deferred: DAG parsing stays light
 
     settings = settings_from_env()
     end = as_utc(interval_end)

@@ -12,7 +12,7 @@ import warnings
 from traffic.runtime import jvm
 from traffic.runtime.connect import (CONNECT_SESSION_CONF, DELTA_CONF, client_url, delta_classpath,
                                      plain_channel_builder, plain_with_token, recorded_server)
-from traffic.storage.warehouse import choose_engine
+from traffic.storage.engine import choose_engine
 from traffic.storage.journal import state_folder
 from traffic.core.settings import Settings
 

@@ -145,8 +145,9 @@ class Table:
         return paths
 
     def staging(self) -> Staged:
-        """A fresh folder for files to be committed later (``append``/``replace`` the returned handle)."""
-        return Staged(self.name, str(self._staging_folder()))
+        """A fresh folder for files to be committed later (``append``/``replace`` the returned handle); each
+        engine stages where its commits want the files."""
+        raise self._read_only()
 
     def _staging_folder(self) -> Path:
         raise self._read_only()

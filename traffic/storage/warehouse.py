@@ -2,7 +2,7 @@
 
 Callers ask it for a table by name and hand the table rows with a write intent (append batch N,
 replace these periods, delete where); which engine writes is decided here, once, from the settings,
-and nothing outside ``traffic.storage`` knows it. ``Warehouse.reader`` opens the tables for reading
+and nothing outside ``traffic.storage`` knows it (``traffic.storage.engine`` says which, and why). ``Warehouse.reader`` opens the tables for reading
 only: no Spark, no engine, any writer's tables.
 """
 
@@ -11,33 +11,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from traffic.core.settings import Settings, delta_classpath
+from traffic.core.settings import Settings
 from traffic.storage import schemas
+from traffic.storage.engine import choose_engine
 from traffic.storage.faults import injector
 from traffic.storage.journal import state_folder
 from traffic.storage.table import FileIndex, StorageError, Table
-
-
-def choose_engine(settings: Settings) -> str:
-    """``rs`` or ``spark``: ``auto`` picks ``spark`` where Delta's jars are in ``spark_jars_dir``."""
-    if settings.engine != "auto":
-        return settings.engine
-    return "spark" if delta_classpath(settings.spark_jars_dir) else "rs"
-
-
-def engine_reason(settings: Settings) -> str:
-    """One line: which engine writes the tables, and why."""
-    engine = choose_engine(settings)
-    if settings.engine != "auto":
-        return f"{engine} (engine = {settings.engine})"
-    if engine == "spark":
-        return f"spark (delta-spark, Delta's jars in {settings.spark_jars_dir})"
-    return f"rs (delta-rs: no Delta jars in {settings.spark_jars_dir or 'spark_jars_dir (not set)'})"
-
-
-def writes_need_spark(settings: Settings) -> bool:
-    """Whether writing a table takes a SparkSession (the spark engine); delta-rs commits without one."""
-    return choose_engine(settings) == "spark"
 
 
 class Warehouse:

@@ -187,6 +187,9 @@ class RsTable(Table):
         target.mkdir(parents=True, exist_ok=True)
         pq.write_table(rows, target / f"{part}.parquet", write_statistics=statistics(self.name))
 
+    def staging(self) -> Staged:
+        return Staged(self.name, str(self._staging_folder()))
+
     def _staging_folder(self) -> Path:
         # Inside the table root: committing staged files adds them where they are, no copy.
         return _fresh_folder(self.path, "w")

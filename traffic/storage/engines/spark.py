@@ -224,6 +224,9 @@ class SparkTable(Table):
             terms.append(f"`{column}` IS NULL")
         return " OR ".join(terms) if terms else "false"
 
+    def staging(self) -> Staged:
+        return Staged(self.name, str(self._staging_folder()))
+
     def _staging_folder(self) -> Path:
         return self.warehouse.state_dir() / "staging" / self.name / uuid.uuid4().hex
 
