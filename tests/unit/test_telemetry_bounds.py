@@ -198,7 +198,8 @@ def test_a_batch_whose_totals_pass_64_bits_stops_with_one_line_naming_the_batch_
     import pytest
 
     from traffic.accounting import batch_tasks as B
-    from traffic.accounting.ingest import _Tally, _totals_fit
+    from traffic.accounting.ingest_batch import BatchTally
+    from traffic.accounting.ingest_tally import totals_fit
     from traffic.accounting.parts import SumOverflow
 
     record = 200_000_000_000 * 8 * 86_400  # one 8-day record at 1.6 Tb/s: 1.4 × 10**17 bytes
@@ -209,13 +210,13 @@ def test_a_batch_whose_totals_pass_64_bits_stops_with_one_line_naming_the_batch_
     def tally(rows):
         total = {fate: {what: sum(r[what] for r in rows if r["fate"] == fate) for what in ("packets", "bytes")}
                  for fate in (B.ON_TIME, B.LATE)}
-        return _Tally({}, {f: t["packets"] for f, t in total.items()}, {f: t["bytes"] for f, t in total.items()},
+        return BatchTally({}, {f: t["packets"] for f, t in total.items()}, {f: t["bytes"] for f, t in total.items()},
                       [], None, None, rows)
 
     with pytest.raises(SumOverflow) as raised:
-        _totals_fit(12, tally(summary))
+        totals_fit(12, tally(summary))
     message = str(raised.value)
     assert "\n" not in message and message.startswith(
         f"batch 12: its bytes on time add up to {67 * record:,}, past 2**63 − 1"), message
     assert f"source edge-a has the most ({60 * record:,})" in message and "max_flow_bps" in message
-    _totals_fit(12, tally(summary[1:]))  # 7 such records fit
+    totals_fit(12, tally(summary[1:]))  # 7 such records fit

@@ -35,7 +35,7 @@ from traffic.io.telemetry import TelemetryState
 from traffic.storage import state as st
 from traffic.core.periods import hour_floor, hours_between, restatement_past_retention
 from traffic.storage.warehouse import Warehouse
-from traffic.accounting.ingest import cutting
+from traffic.accounting.ingest_read import cutting
 from traffic.core.settings import Settings, SettingsError
 
 UTC = timezone.utc
