@@ -46,7 +46,7 @@ def test_spark_jit_setting_is_checked():
 
 def test_the_cli_says_which_jvm_it_starts_and_why(monkeypatch, capsys):
     import traffic.runtime.spark
-    from traffic.app.cli import SparkHolder
+    from traffic.app.spark_holder import SparkHolder
 
     monkeypatch.setattr(traffic.runtime.spark, "build_spark", lambda settings, name: object())
     settings = load_settings(environ={}, overrides={"spark_master": "local[2]"})
