@@ -162,7 +162,7 @@ def test_feeding_everything_at_once_gives_the_same_crossings(spark, tmp_path, ru
 
 def test_only_published_hours_count_in_hour_order(run, spark, tmp_path):
     from traffic.accounting.alerts import evaluate_period, published_hours
-    from traffic.quality.suites import accept
+    from traffic.quality.acceptance import accept
 
     harness, _ = run
     shutil.copytree(harness.root, tmp_path / "copy")

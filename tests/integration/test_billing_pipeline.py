@@ -26,7 +26,7 @@ from traffic.accounting.bills import account_totals, compute_period, final_panes
 from traffic.core.billing import BillingCycle
 from traffic.core.periods import hour_floor
 from traffic.accounting.close import CheckFailed
-from traffic.quality.suites import accept
+from traffic.quality.acceptance import accept
 
 UTC = timezone.utc
 PANE = timedelta(minutes=5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from tests.support.harness import Harness, feed_line, tick_line
-from traffic.quality.suites import reports_dir
+from traffic.quality.gx_context import reports_dir
 
 UTC = timezone.utc
 T0 = datetime(2026, 10, 31, 22, tzinfo=UTC)

@@ -24,7 +24,7 @@ from tests.support.screenshots import chromium_screenshot
 from traffic.app import demo
 from traffic.app.runs import close
 from traffic.reporting.html_report import write_report
-from traffic.quality.suites import period_label
+from traffic.quality.suite_documents import period_label
 
 UTC = timezone.utc
 START = datetime(2026, 10, 31, 20, tzinfo=UTC)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from traffic.storage.warehouse import Warehouse
-from traffic.quality.suites import prune_reports, reports_dir, run_periods_end
+from traffic.quality.data_docs import prune_reports, run_periods_end
+from traffic.quality.gx_context import reports_dir
 from traffic.core.settings import load_settings
 
 UTC = timezone.utc
@@ -44,7 +45,8 @@ def test_runs_before_the_bound_go_from_both_stores_and_nothing_else_does(tmp_pat
 def test_the_store_keeps_the_newest_results_and_the_rest_moves_to_the_archive(tmp_path):
     """GX lists its whole store to rebuild the Data Docs index after every close: older results move to
     ``gx/archive`` (same layout, their Data Docs pages untouched), and retention expires them there too."""
-    from traffic.quality.suites import DOCS_INDEX_RUNS, archive_results
+    from traffic.quality.data_docs import archive_results
+    from traffic.quality.gx_context import DOCS_INDEX_RUNS
 
     warehouse = Warehouse(load_settings(environ={}, overrides={"warehouse": tmp_path / "wh"}), engine="rs")
     root = reports_dir(warehouse)

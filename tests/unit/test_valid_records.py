@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.support import capture_factory as cf
-from traffic.quality import suites as quality
+from traffic.quality import suite_documents as quality
 from traffic.core import records
 from traffic.io.captures import parse_capture
 from traffic.io.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes

@@ -33,9 +33,10 @@ from traffic.core.periods import (PUBLISHED, closed_hours, day_start, days_due, 
                                   retention_floor, starts)
 from traffic.storage.warehouse import Warehouse
 from traffic.core.settings import Settings, SettingsError
-from traffic.quality.suites import build_data_docs, preload, prune_reports
+from traffic.quality.data_docs import build_data_docs, prune_reports
+from traffic.quality.gx_context import preload
+from traffic.quality.suite_documents import period_label
 from traffic.quality.suites import Validation
-from traffic.quality.suites import period_label
 from traffic.storage.keys import cluster_key
 from traffic.accounting import parts
 from traffic.accounting import freeze_tasks

@@ -17,31 +17,28 @@ rows and reconciliation totals are built on the driver (one row per period) and 
 GX's pandas engine. Every (expectation, period) lands in ``dq_results``; every run is rendered to
 GX's Data Docs under ``<warehouse>/_reports/data_docs``; the values a failed run collected are
 stored (and so rendered) markup-free, since GX writes them into its pages as raw HTML.
+
+This module runs the suites of one step and decides each period's status; beside it are the suites
+as data (``suite_documents``), the GX context (``gx_context``), Data Docs (``data_docs``) and the
+operator's acceptance (``acceptance``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
-from functools import lru_cache
-from pathlib import Path
+from datetime import datetime, timezone
 from typing import Any, Iterable
 
 import pyarrow as pa
 
-from traffic.core import records
 from traffic.core.periods import month_start
+from traffic.quality.gx_context import gx_context, reports_dir, validation_definition
+from traffic.quality.suite_documents import Outcome, as_period, period_label, suite_document
 from traffic.storage.warehouse import Warehouse
-from traffic.storage.journal import warehouse_lock
-from traffic.storage import state as st
 
 UTC = timezone.utc
-SUITE_DIR = Path(__file__).resolve().parents[2] / "expectations"
-SUITES = ("packets", "late_packets", "rejects", "hourly", "daily", "monthly", "periods", "panes", "bills", "alerts")
 #: Failing rows collected per expectation in the second pass; beyond it, failures are not attributed
 #: to single periods and every period of the batch fails (fail closed).
 SAMPLE_ROWS = 1000
@@ -49,225 +46,7 @@ SAMPLE_ROWS = 1000
 #: same suite, same results, but no Spark job per metric (GX's Spark engine costs ~0.1–0.5 s per
 #: expectation even on ten rows). Larger batches are validated where they are, by GX's Spark engine.
 DRIVER_ROWS = 200_000
-#: Validation results the Data Docs index lists (the newest; a freeze of one hour makes about four).
-#: GX loads every listed result again to rebuild the index after each close, ~4 ms each: with 100 the
-#: index alone took ~0.4 s per close once a month of history was kept. Older pages stay, linked from
-#: the traffic report's quality section.
-DOCS_INDEX_RUNS = 24
 
-log = logging.getLogger(__name__)
-
-
-def reports_dir(warehouse: Warehouse) -> Path:
-    """``<warehouse>/_reports``: the HTML report and Data Docs (not a table)."""
-    return Path(warehouse.root) / "_reports"
-
-
-@lru_cache(maxsize=None)
-def suite_document(name: str) -> dict:
-    """The JSON document of one suite, its ``{"$records": NAME}`` values resolved."""
-    path = SUITE_DIR / f"{name}.json"
-    if not path.exists():
-        raise KeyError(f"no expectation suite {name!r} in {SUITE_DIR}")
-    return _resolve_records(json.loads(path.read_text()), name)
-
-
-def _resolve_records(value, suite: str):
-    """``{"$records": NAME}`` → ``traffic.core.records.NAME`` (a tuple as a list), anywhere in a suite document.
-
-    The suites check what the readers produce with the readers' own constants, so the two cannot drift.
-    """
-    if isinstance(value, dict):
-        if set(value) == {"$records"}:
-            try:
-                found = getattr(records, value["$records"])
-            except AttributeError:
-                raise KeyError(f"suite {suite!r} names {value['$records']!r}, which traffic.core.records does not "
-                               "define") from None
-            return list(found) if isinstance(found, tuple) else found
-        return {key: _resolve_records(item, suite) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_resolve_records(item, suite) for item in value]
-    return value
-
-
-#: Characters a browser reads as markup, the backslash that writes them, and control characters → ``\xNN``.
-_MARKUP = str.maketrans({c: f"\\x{ord(c):02x}" for c in [*"<>&\"'\\", *map(chr, range(32)), "\x7f"]})
-
-
-def markup_free(value):
-    """``value`` with every text in it (through dicts, lists and tuples) free of markup: ``<`` → ``\\x3c``.
-
-    Readable on any page however it is rendered (raw, or escaped again), and never markup.
-    """
-    if isinstance(value, str):
-        return value.translate(_MARKUP)
-    if isinstance(value, dict):
-        return {markup_free(key): markup_free(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [markup_free(item) for item in value]
-    if isinstance(value, tuple):
-        return tuple(markup_free(item) for item in value)
-    return value
-
-
-def period_label(grain: str, start: datetime) -> str:
-    """``2026-11-01T10:00Z``, ``2026-11-01`` or ``2026-11`` (a billing period: its UTC start to the minute)."""
-    return {"hour": f"{start:%Y-%m-%dT%H:00Z}", "day": f"{start:%Y-%m-%d}", "month": f"{start:%Y-%m}",
-            "bill": f"{start:%Y-%m-%dT%H:%MZ}", "alert": f"{start:%Y-%m-%dT%H:%MZ}"}[grain]
-
-
-def as_period(value: Any) -> datetime:
-    """A period start as aware UTC, from what Spark, pandas or GX hand back (datetime, date, Timestamp, text)."""
-    if hasattr(value, "to_pydatetime"):
-        value = value.to_pydatetime()
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    if isinstance(value, datetime):
-        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
-    if isinstance(value, date):
-        return datetime(value.year, value.month, value.day, tzinfo=UTC)
-    raise TypeError(f"not a period start: {value!r}")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One expectation evaluated for one period (a ``dq_results`` row)."""
-
-    table: str
-    grain: str
-    period_start: datetime
-    suite: str
-    expectation: str
-    success: bool
-    observed: str
-    critical: bool
-    run_id: str
-
-    def row(self) -> dict:
-        return {"table": self.table, "grain": self.grain, "period_start": self.period_start, "suite": self.suite,
-                "expectation": self.expectation, "success": self.success, "observed": self.observed,
-                "run_id": self.run_id, "critical": self.critical}
-
-
-# -- the Great Expectations context ------------------------------------------------------------
-
-_CONTEXTS: dict[str, Any] = {}
-_PRELOAD: list = []
-
-
-def preload() -> None:
-    """Import Great Expectations in the background (a few seconds of pure Python) while Spark works.
-
-    A close calls this before its first Spark job; by the time it validates, GX is imported.
-    """
-    if _PRELOAD:
-        return
-    import threading
-
-    def load():
-        os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-        try:
-            import great_expectations  # noqa: F401
-            import pandas  # noqa: F401
-        except Exception:  # noqa: BLE001 - the real import, in the job's thread, reports any error
-            pass
-
-    thread = threading.Thread(target=load, name="gx-preload", daemon=True)
-    thread.start()
-    _PRELOAD.append(thread)
-
-
-def _context(root: Path):
-    """An ephemeral GX context whose validation results and Data Docs live under ``root`` (one per process)."""
-    key = str(root)
-    if key in _CONTEXTS:
-        return _CONTEXTS[key]
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import (
-        DataContextConfig,
-        InMemoryStoreBackendDefaults,
-        ProgressBarsConfig,
-    )
-
-    memory = {"class_name": "InMemoryStoreBackend"}
-    config = DataContextConfig(
-        store_backend_defaults=InMemoryStoreBackendDefaults(),
-        analytics_enabled=False,
-        progress_bars=ProgressBarsConfig(globally=False),
-        expectations_store_name="expectations_store",
-        validation_results_store_name="validation_results_store",
-        checkpoint_store_name="checkpoint_store",
-        stores={
-            "expectations_store": {"class_name": "ExpectationsStore", "store_backend": memory},
-            "validation_results_store": {
-                "class_name": "ValidationResultsStore",
-                "store_backend": {"class_name": "TupleFilesystemStoreBackend",
-                                  "base_directory": str(root / "gx" / "validations")},
-            },
-            "checkpoint_store": {"class_name": "CheckpointStore", "store_backend": memory},
-            "validation_definition_store": {"class_name": "ValidationDefinitionStore", "store_backend": memory},
-        },
-        data_docs_sites={"data_docs": {
-            "class_name": "SiteBuilder",
-            "show_how_to_buttons": False,
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(root / "data_docs")},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder",
-                                   "validation_results_limit": DOCS_INDEX_RUNS},
-        }},
-    )
-    for name in ("great_expectations", "great_expectations.expectations.registry"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    context = gx.get_context(mode="ephemeral", project_config=config)
-    _CONTEXTS[key] = context
-    return context
-
-
-def _suite(context, name: str):
-    import great_expectations as gx
-
-    try:
-        return context.suites.get(name)
-    except Exception:  # noqa: BLE001 - GX raises its own not-found error type
-        doc = suite_document(name)
-        expectations = []
-        for item in doc["expectations"]:
-            meta = item.get("meta", {})
-            severity = "completeness" if meta.get("severity") == "completeness" else (
-                "critical" if meta.get("critical") else "warning")
-            expectations.append({**item, "description": f"[{severity}] {meta.get('label', item['type'])}"})
-        return context.suites.add(gx.ExpectationSuite(name=name, expectations=expectations, meta=doc.get("meta", {})))
-
-
-def _definition(context, suite_name: str, asset_name: str, engine: str):
-    """The validation definition of ``suite`` over one in-memory DataFrame asset (created on first use)."""
-    import great_expectations as gx
-
-    name = f"{suite_name}@{asset_name}"
-    try:
-        return context.validation_definitions.get(name)
-    except Exception:  # noqa: BLE001
-        pass
-    source_name = f"traffic-{engine}"
-    try:
-        source = context.data_sources.get(source_name)
-    except Exception:  # noqa: BLE001
-        source = (context.data_sources.add_spark(name=source_name, persist=False) if engine == "spark"
-                  else context.data_sources.add_pandas(name=source_name))
-    try:
-        asset = source.get_asset(asset_name)
-    except Exception:  # noqa: BLE001
-        asset = source.add_dataframe_asset(name=asset_name)
-    try:
-        batch = asset.get_batch_definition("whole")
-    except Exception:  # noqa: BLE001
-        batch = asset.add_batch_definition_whole_dataframe("whole")
-    return context.validation_definitions.add(
-        gx.ValidationDefinition(name=name, data=batch, suite=_suite(context, suite_name)))
-
-
-# -- one step's validation run -----------------------------------------------------------------
 
 @dataclass
 class Validation:
@@ -321,8 +100,8 @@ class Validation:
                 frame = frame.selectExpr("*", *[f"{expr} AS `{name}`" for name, expr in meta["view"].items()])
             if (frame.count() if rows is None else rows) <= DRIVER_ROWS:
                 frame, engine = _pandas(frame.toArrow()), "pandas"
-        context = _context(reports_dir(self.warehouse))
-        definition = _definition(context, suite, asset or f"{suite}.{self.step}", engine)
+        context = gx_context(reports_dir(self.warehouse))
+        definition = validation_definition(context, suite, asset or f"{suite}.{self.step}", engine)
         index_columns = ["grain", "period_start"] if meta.get("period_column") == "period_start" else \
             [meta["period_column"]]
         run = RunIdentifier(run_name=self.run_id, run_time=datetime.now(UTC))
@@ -427,118 +206,6 @@ class Validation:
         table.replace(pa.concat_tables([keep, fresh]), keys=keys, op="quality")
 
 
-def _store_markup_free(context, identifier, result) -> None:
-    """Store a failed run's result again with the values it collected made ``markup_free``.
-
-    GX 1.x escapes the parameters of its text templates but writes table cells (the unexpected
-    values and their counts) into Data Docs as raw HTML, so a record value such as
-    ``fe80::1%<svg onload=…>`` became live markup. Cleaning the result GX renders from, not the
-    rendered page, covers every place GX shows a value, whatever its template; ``dq_results``
-    keeps the real values (the outcomes are taken first), and our own pages escape them.
-    """
-    for item in result.results:
-        item.result = markup_free(item.result or {})
-        if item.exception_info:
-            item.exception_info = markup_free(item.exception_info)
-    context.validation_results_store.store_validation_results(
-        suite_validation_result=result, suite_validation_result_identifier=identifier,
-        expectation_suite_identifier=identifier.expectation_suite_identifier)
-
-
-def build_data_docs(warehouse: Warehouse, validations: Iterable[Validation]) -> None:
-    """Render the runs' validation results (and their suites) into Data Docs; index of the latest runs."""
-    validations = list(validations)
-    identifiers = [i for v in validations for i in v.identifiers]
-    if not identifiers:
-        return
-    from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
-
-    context = _context(reports_dir(warehouse))
-    # Before anything is rendered: should this raise, the close warns and no page is built.
-    for validation in validations:
-        while validation.failed_runs:  # once each: a second pass would escape the escapes
-            _store_markup_free(context, *validation.failed_runs.pop())
-    suites = sorted({i.expectation_suite_identifier.name for i in identifiers})
-    context.build_data_docs(resource_identifiers=identifiers + [ExpectationSuiteIdentifier(name=s) for s in suites])
-    archive_results(reports_dir(warehouse))
-
-
-def archive_results(root: Path, keep: int = DOCS_INDEX_RUNS) -> int:
-    """Move all but the newest ``keep`` validation results from GX's store to ``gx/archive`` (same layout);
-    returns how many moved.
-
-    GX rebuilds the Data Docs index by listing every result in its store, so a store holding
-    ``dq_retention`` (90 days) of results made every close slower as they piled up. Their pages stay
-    in Data Docs, and ``prune_reports`` expires the archive like the store.
-    """
-    store = root / "gx" / "validations"
-    # <suite>/<run name>/<run time>/<batch>.json; run times sort as text (20261122T140233.014627Z).
-    results = sorted(store.glob("*/*/*/*.json"), key=lambda p: (p.parts[-2], p.as_posix()))
-    moved = results[:-keep] if keep > 0 else results
-    for path in moved:
-        target = root / "gx" / "archive" / path.relative_to(store)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        path.replace(target)
-        for folder in (path.parent, path.parent.parent):  # the run's folders, once empty
-            if folder != store and not any(folder.iterdir()):
-                folder.rmdir()
-    return len(moved)
-
-
-def run_periods_end(run_name: str) -> datetime | None:
-    """The start of the last period a validation run covered, from its name (``Validation.run_id``):
-    ``freeze-20261101T1000Z-20261101T1300Z-1a2b3c4d``, ``days-20261101-…``, ``months-202611-…``."""
-    labels = run_name.split("-")[1:-1]
-    formats = {14: "%Y%m%dT%H%MZ", 8: "%Y%m%d", 6: "%Y%m"}
-    if not labels or len(labels[-1]) not in formats:
-        return None
-    try:
-        return datetime.strptime(labels[-1], formats[len(labels[-1])]).replace(tzinfo=UTC)
-    except ValueError:
-        return None
-
-
-def prune_reports(warehouse: Warehouse, before: datetime) -> int:
-    """Remove the stored validation results and Data Docs pages of runs whose periods all start before
-    ``before`` (what ``dq_retention`` expires from ``dq_results``); returns the runs removed.
-
-    Without this the stores grow by every close forever, and so does the work of listing them
-    each time Data Docs and the report are rebuilt. The Data Docs index drops them on its next build.
-    """
-    import shutil
-
-    root = reports_dir(warehouse)
-    removed = set()
-    for store in (root / "gx" / "validations", root / "gx" / "archive", root / "data_docs" / "validations"):
-        if not store.is_dir():
-            continue
-        for run in store.glob("*/*"):
-            end = run_periods_end(run.name) if run.is_dir() else None
-            if end is not None and end < before:
-                shutil.rmtree(run)
-                removed.add(run.name)
-    return len(removed)
-
-
-def docs_pages(warehouse: Warehouse) -> dict[tuple[str, str], dict[str, str]]:
-    """(suite, run_id) → {asset: newest Data Docs page}, paths relative to ``_reports`` (for the report).
-
-    Pages live at ``data_docs/validations/<suite>/<run_id>/<run time>/<source>-<asset>.html``; a
-    run killed and run again has two run times, and the newest wins.
-    """
-    base = reports_dir(warehouse) / "data_docs" / "validations"
-    pages: dict[tuple[str, str], dict[str, str]] = {}
-    if not base.is_dir():
-        return pages
-    for page in sorted(base.glob("*/*/*/*.html")):
-        suite, run_name = page.parts[-4], page.parts[-3]
-        asset = page.stem.split("-", 2)[-1] if page.stem.startswith("traffic-") else page.stem
-        pages.setdefault((suite, run_name), {})[asset] = page.relative_to(reports_dir(warehouse)).as_posix()
-    return pages
-
-
-# -- failing rows → periods --------------------------------------------------------------------
-
 def _attribute(result: dict, config, suite_meta: dict, periods: list[tuple[str, datetime]]) -> dict:
     """Which periods an expectation failed for, and what it saw there (from the second pass's sample)."""
     sample = result.get("partial_unexpected_index_list") or result.get("unexpected_index_list")
@@ -630,64 +297,3 @@ def _fmt(value):
     if hasattr(value, "item"):  # numpy scalars
         return value.item()
     return value
-
-
-# -- operator acceptance -----------------------------------------------------------------------
-
-class AcceptError(ValueError):
-    """A period cannot be accepted as asked; the message says why."""
-
-
-def parse_period(text: str) -> tuple[str, datetime]:
-    """``2026-11`` (month), ``2026-11-01`` (day) or an ISO hour (``2026-11-01T10``, ``…T10:00Z``) → (grain, start)."""
-    value = text.strip()
-    try:
-        if len(value) == 7:
-            return "month", datetime.strptime(value, "%Y-%m").replace(tzinfo=UTC)
-        if len(value) == 10:
-            return "day", datetime.strptime(value, "%Y-%m-%d").replace(tzinfo=UTC)
-        if len(value) == 13:
-            return "hour", datetime.strptime(value, "%Y-%m-%dT%H").replace(tzinfo=UTC)
-        start = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise AcceptError(f"--period {text!r}: expected a month (2026-11), a day (2026-11-01) or an hour "
-                          "(2026-11-01T10:00Z)") from None
-    start = start.replace(tzinfo=UTC) if start.tzinfo is None else start.astimezone(UTC)
-    if start.minute or start.second or start.microsecond:
-        raise AcceptError(f"--period {text!r}: an hour starts on the hour")
-    return "hour", start
-
-
-def accept(settings, period: str, reason: str, by: str, now: datetime | None = None, spark=None) -> dict:
-    """An operator accepts a failed period: ``dq_status = accepted``, with who, when and why (audited).
-
-    ``spark`` (a session, or a function that starts one) writes where the tables' engine needs it.
-
-    The ledger row keeps its ``dq_note`` (why it failed); ``dq_results`` gets an ``accepted`` row.
-    Roll-ups over the period proceed at the next close.
-    """
-
-    if not (reason or "").strip():
-        raise AcceptError("accept needs --reason (it is kept in the ledger)")
-    grain, start = parse_period(period)
-    warehouse = Warehouse(settings, spark=spark)
-    if not warehouse.exists():
-        raise AcceptError(f"no warehouse at {settings.warehouse}")
-    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic accept"):
-        rows = st.read_ledger(warehouse, grain, keys=[month_start(start)])
-        row = next((r for r in rows if r["period_start"] == start), None)
-        label = f"{grain} {period_label(grain, start)}"
-        if row is None:
-            raise AcceptError(f"{label} is not closed (no ledger row): nothing to accept")
-        if row["dq_status"] != "failed":
-            raise AcceptError(f"{label} is {row['dq_status']}: only a failed period can be accepted")
-        when = now or datetime.now(UTC)
-        accepted = {**row, "dq_status": "accepted", "accepted_by": by, "accepted_at": when,
-                    "accepted_reason": reason.strip()}
-        table = warehouse.table("dq_results")
-        run_id = f"accept-{period_label(grain, start).replace(':', '').replace('-', '')}-{when:%Y%m%dT%H%M%SZ}"
-        entry = Outcome("periods", grain, start, "operator", f"accepted by {by}", True,
-                        f"{reason.strip()} (was failed: {row.get('dq_note') or 'no note'})"[:1000], False, run_id)
-        table.append(pa.Table.from_pylist([entry.row()], schema=table.arrow_schema), op="accept")
-        st.write_ledger_rows(warehouse, [accepted], op="accept")
-    return accepted

@@ -21,7 +21,9 @@ from traffic.accounting.alerts import read_alerts
 from traffic.core.periods import next_month
 from traffic.storage.table import StorageError
 from traffic.storage.warehouse import Warehouse
-from traffic.quality.suites import docs_pages, period_label, reports_dir
+from traffic.quality.data_docs import docs_pages
+from traffic.quality.gx_context import reports_dir
+from traffic.quality.suite_documents import period_label
 from traffic.reporting.html import CSS, human_bytes, number_cell as _num
 from traffic.reporting.html import escape as _e
 from traffic.reporting.report import clock_warnings, telemetry_health

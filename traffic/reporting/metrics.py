@@ -35,7 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from traffic.accounting.bills import billing_cycle, read_final_panes
 from traffic.core.periods import DAY, HOUR, closed_hours, hour_ceil, hour_floor, month_start, next_month, period_end
-from traffic.quality.suites import reports_dir
+from traffic.quality.gx_context import reports_dir
 from traffic.reporting.html_bills import DerivedCache
 from traffic.reporting.report import telemetry_health
 from traffic.storage import state as st
