@@ -8,6 +8,10 @@ a full or read-only disk, among them); a failed check exits 3; anything unexpect
 does. Names and reasons from outside are printed with their control characters escaped
 (``traffic.core.text``), so no file name or record can send escape sequences to the terminal.
 
+Each command is declared once, in ``COMMANDS`` (name, help, arguments, function); the parser and the
+dispatch are built from it. Exit codes and failure lines: ``traffic.app.exits``; what the reading
+commands print: ``traffic.app.printouts``.
+
 Each command imports what it runs inside its function (``# deferred: per command``): ``traffic
 status`` or ``--help`` never loads pyspark, Great Expectations or the Delta writer.
 """
@@ -15,22 +19,21 @@ status`` or ``--help`` never loads pyspark, Great Expectations or the Delta writ
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
-import select
 import sys
 import time
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 from traffic import __version__
-from traffic.app.console import fmt_ts, print_batch, print_close, print_timings, progress
+from traffic.app.console import print_batch, print_close, print_timings, progress
+from traffic.app.exits import EXIT_CHECK, EXIT_PIPE, EXIT_USER, FIXABLE, fixable_problem, reader_gone, unexpected
+from traffic.app.printouts import print_alerts, print_bills, print_status, print_top
+from traffic.app.spark_holder import SparkHolder
 from traffic.core.text import printable, printable_lines
-
-UTC = timezone.utc
-EXIT_USER, EXIT_CHECK, EXIT_BUG = 2, 3, 1
-EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader went away
 
 _SETTING_OPTIONS = {
     "warehouse": "warehouse root (default ./warehouse)",
@@ -57,40 +60,6 @@ def _settings(args):
             raise SettingsError(f"--set {item!r}: expected name=value")
         overrides[name.strip().replace("-", "_")] = value
     return load_settings(args.config, overrides=overrides)
-
-
-class SparkHolder:
-    """Starts Spark on first use only (so 'nothing to do' never pays for a JVM), then reuses it."""
-
-    def __init__(self, settings, app_name: str, spark=None):
-        self.settings = settings
-        self.app_name = app_name
-        self.spark = spark
-        self.started_in = 0.0
-
-    def __call__(self):
-        if self.spark is None:
-            from traffic.runtime import jvm  # deferred: per command (see the docstring)
-            from traffic.runtime.spark import build_spark, resolve_master  # deferred: only a command that needs Spark
-
-            clock = time.perf_counter()
-            master = resolve_master(self.settings)
-            if master.startswith("sc://"):
-                from traffic.runtime.connect import without_token  # deferred: with the session, not at CLI start
-
-                print(f"connecting to the warm Spark at {without_token(master)} …", file=sys.stderr, flush=True)
-            else:
-                jit = "quick-start JVM" if jvm.quick(self.settings.spark_jit) else \
-                    f"full JIT: {jvm.big_job()}" if jvm.big_job() else "full JIT"
-                print(f"starting Spark ({jit}) …", file=sys.stderr, flush=True)
-            self.spark = build_spark(self.settings.replace(spark_master=master), self.app_name)
-            self.started_in = time.perf_counter() - clock
-        return self.spark
-
-    def stop(self):
-        if self.spark is not None:
-            self.spark.stop()
-            self.spark = None
 
 
 def cmd_ingest(args, settings, spark) -> int:
@@ -196,42 +165,13 @@ def cmd_accept(args, settings, spark) -> int:
 
 
 def cmd_status(args, settings, spark) -> int:
-    from datetime import timedelta
-
-    from traffic.reporting.report import _span, status  # deferred: per command (see the docstring)
+    from traffic.reporting.report import status  # deferred: per command (see the docstring)
 
     info = status(settings)
     if args.json:
         print(json.dumps(info, indent=1, default=str))
         return 0
-    print(f"warehouse   {printable(settings.warehouse)}")
-    print(f"watermark   {fmt_ts(info['watermark'])}")
-    print(f"first hour  {fmt_ts(info['first_hour'])}")
-    for source, clock in sorted(info["clocks"].items()):
-        live = "live" if source in info["live_sources"] else "stalled"
-        if source in info["far_ahead"]:
-            live += f", {info['far_ahead'][source]} ahead of the others"
-        print(f"  source {printable(source):<16} clock {fmt_ts(clock)}  ({printable(live)})")
-    print(f"open hours  {', '.join(info['open_hours']) or '-'}")
-    for grain in ("hour", "day", "month"):
-        print(f"last closed {grain:<5} {info['last_closed'].get(grain) or '-'}")
-    if info["pending_batch"]:
-        print(f"pending     batch {info['pending_batch']} was interrupted; the next ingest or close finishes it")
-    if info.get("telemetry"):
-        flows = info["telemetry"]
-        print(f"flows       last {flows['hours']} closed hours: {flows['estimated_share']:.1%} of bytes estimated "
-              f"from samples; {flows['lost']:,} export sequence units lost in {flows['hours_with_losses']} hour(s)")
-    for source, waiting in sorted(info.get("waiting", {}).items()):
-        # Receive times are the collector's wall clock: the age is measured by this machine's (or `now`).
-        oldest = waiting["oldest"]
-        age = max(settings.processing_now() - oldest, timedelta(0)) if oldest else None
-        since = (f" since {fmt_ts(oldest)} ({_span(age)} ago; rejected once the watermark passes "
-                 f"{fmt_ts(oldest + settings.template_wait)})") if oldest else ""
-        print(f"  waiting {printable(source):<15} {waiting['sets']:,} flow data set(s), {waiting['bytes']:,} bytes "
-              f"for their template{since}")
-    print("tables      " + ", ".join(f"{t} v{v}" for t, v in info["versions"].items()))
-    for warning in info["warnings"]:
-        print(f"warning     {printable(warning)}")
+    print_status(settings, info)
     return 0
 
 
@@ -302,15 +242,7 @@ def cmd_top(args, settings, spark) -> int:
         print(json.dumps({"by": result.by, "start": result.start, "end": result.end, "keys": result.keys,
                           "note": result.note, "rows": result.rows}, indent=1, default=str))
         return 0
-    print(f"top {len(result.rows)} of {result.keys:,} {args.by}s by bytes, "
-          f"{fmt_ts(result.start)} → {fmt_ts(result.end)} (the watermark)")
-    if result.note:
-        print(f"note: {printable(result.note)}")
-    label = "account" if args.by == "account" else "address"
-    print(f"{label:<40} {'bytes':>16} {'packets':>12} {'in':>16} {'out':>16}")
-    for row in result.rows:
-        print(f"{printable(row['key'] or '-'):<40} {row['bytes']:>16,} {row['packets']:>12,} {row['bytes_in']:>16,} "
-              f"{row['bytes_out']:>16,}")
+    print_top(result, args.by)
     return 0
 
 
@@ -373,20 +305,7 @@ def cmd_bill(args, settings, spark) -> int:
                "bills": [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items()} for r in rows]}
         print(json.dumps(doc, indent=1))
         return 0
-    period = result.period
-    first = rows[0] if rows else {**result.settings, "panes": period.pane_count, "p95_rank": None}
-    print(f"bill {period.label}: {period.start_utc:%Y-%m-%d %H:%M} → {period.end_utc:%Y-%m-%d %H:%M} UTC, "
-          f"{first['panes']:,} panes (95th percentile = pane {first['p95_rank'] or '-'} of them by size), "
-          f"rule {first['billing_rule']}, unknown direction → {first['billing_unknown_direction']}; {status}")
-    print(f"{'account':<20} {'bytes_in':>18} {'bytes_out':>18} {'bytes_total':>18} {'p95_in_bps':>16} "
-          f"{'p95_out_bps':>16} {'billable_bps':>16} {'commit_bps':>16} {'overage_bps':>16}")
-    for r in rows:
-        commit, overage = r.get("commit_bps"), r.get("overage_bps")  # null: no commit (or stored before commits)
-        print(f"{printable(r['account']):<20} {r['bytes_in']:>18,} {r['bytes_out']:>18,} {r['bytes_total']:>18,} "
-              f"{r['p95_in_bps']:>16,.3f} {r['p95_out_bps']:>16,.3f} {r['billable_bps']:>16,.3f} "
-              f"{'-' if commit is None else f'{commit:,.3f}':>16} {'-' if overage is None else f'{overage:,.3f}':>16}")
-    versions = sorted({v for r in rows for v in r["mapping_versions"]})
-    print(f"mapping version(s): {printable(', '.join(versions) or '-')}")
+    print_bills(result, rows, status)
     return 0
 
 
@@ -416,16 +335,7 @@ def cmd_alerts(args, settings, spark) -> int:
         print(json.dumps([{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in r.items()} for r in rows],
                          indent=1))
         return 0
-    scope = f"period {period.label}" if period else "the latest billing periods with alerts"
-    print(f"alerts of {scope}" + (f", account {printable(args.account)}" if args.account else "") + f": {len(rows)}")
-    if rows:
-        print(f"{'period':<8} {'kind':<7} {'account':<20} {'hour (UTC)':<17} {'observed':>22} {'threshold':>22} "
-              f"{'limit':>24}  version")
-    for r in rows:
-        limit = f"{r['quota_bytes']:,} bytes" if r["kind"] == "quota" else f"{r['commit_bps']:,.0f} bit/s"
-        print(f"{printable(r['period']):<8} {r['kind']:<7} {printable(r['account']):<20} {r['hour']:%Y-%m-%d %H:%M} "
-              f"{r['observed']:>16,} {r['unit']:<5} {r['threshold']:>16,} {r['unit']:<5} {limit:>24}  "
-              f"{printable(r['mapping_version'])}")
+    print_alerts(rows, period, args.account)
     return 0
 
 
@@ -490,186 +400,149 @@ def cmd_metrics(args, settings, spark) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class Command:
+    """A ``traffic`` command, declared once: the parser and the dispatch are both built from ``COMMANDS``."""
+
+    name: str
+    help: str
+    run: Callable[..., int]  # (args, settings, spark holder) -> exit code
+    arguments: tuple = ()  # ``arg(...)`` each: what ``add_argument`` takes, after the options every command has
+    description: str | None = None
+
+
+def arg(*flags: str, **spec) -> tuple[tuple[str, ...], dict]:
+    """One argument of a command, as ``ArgumentParser.add_argument`` takes it."""
+    return flags, spec
+
+
+#: What every command takes: the config file, the settings' own options, ``--set`` and ``--debug``.
+COMMON = (arg("--config", help="TOML config file (or TRAFFIC_CONFIG)"),
+          *(arg(f"--{name.replace('_', '-')}", dest=name, help=text) for name, text in _SETTING_OPTIONS.items()),
+          arg("--set", action="append", metavar="NAME=VALUE", help="any other setting (repeatable)"),
+          arg("--debug", action="store_true", help="show full tracebacks"))
+TIMED = (arg("--timings", action="store_true", help="print where the time went, per step (stderr)"),)
+FORMATS = (arg("--format", default="table", choices=["table", "csv", "json", "parquet"],
+               help="table (default: text for people), or every column with exact values and ISO-8601 UTC times: "
+                    "csv, json (JSON lines: one object per row), parquet (needs --out); docs/exports.md"),
+           arg("--out", metavar="PATH", help="write the --format file here, atomically (default: stdout)"))
+_METRICS_HELP = ("print the Prometheus metrics (docs/metrics.md), recomputed from the warehouse's tables, so they "
+                 "are right even when no job has run since an upgrade (no Spark); every job writes them to "
+                 "<warehouse>/_reports/metrics.prom")
+
+#: Every command, in the order ``traffic --help`` lists them.
+COMMANDS = {command.name: command for command in (
+    Command("ingest", "ingest what is new in the inbox (one micro-batch)", cmd_ingest, TIMED),
+    Command("close", "freeze closed hours, roll up days/months, expire", cmd_close, (
+        *TIMED,
+        arg("--until", help="stop at this hour (ISO time): freeze hours ending by then"),
+        arg("--only", help="comma-separated steps to run: freeze, days, months, expire (default all)"),
+        arg("--report", metavar="FILE", help="also write what the close did (hours frozen, days and months rolled "
+            "up, hours expired) to FILE as JSON, atomically (the hourly DAG reads it)"))),
+    Command("run", "ingest then close: one tick", cmd_run, (*TIMED, arg("--until", help="as for close"))),
+    Command("status", "watermark, clocks, open hours, last closed periods", cmd_status,
+            (arg("--json", action="store_true"),)),
+    Command("show", "print a table", cmd_show, (
+        *FORMATS,
+        arg("what", choices=["hourly", "daily", "monthly", "periods", "late", "rejects", "batches", "sources",
+                             "account-daily", "account-monthly"]),
+        arg("--from", help="first period (ISO date or time)"),
+        arg("--to", help="end of the range, exclusive (ISO date or time)"),
+        arg("--top", type=int, default=20,
+            help="rows to print, largest by bytes first (default 20; 0: all), in every --format"))),
+    Command("replay", "import archived files for a time range (or restate a frozen range), then close", cmd_replay, (
+        *TIMED,
+        arg("--from", required=True, help="start of the range (ISO time, inclusive)"),
+        arg("--to", required=True, help="end of the range (ISO time, exclusive)"),
+        arg("--input", required=True, help="folder of archived files (sub-folder = source)"),
+        arg("--source", help="source of every file (default: sub-folder name, else 'default')"),
+        arg("--restate", action="store_true", help="replace the frozen range from the archive (audited)"),
+        arg("--reason", help="why the range is restated (required with --restate)"))),
+    Command("top", "top talkers over a window ending at the watermark (no Spark)", cmd_top, (
+        *FORMATS,
+        arg("--last", required=True, help="window length: 15m, 1h, 24h, 7d (any duration)"),
+        arg("--by", default="host", choices=["host", "peer", "account"],
+            help="host = local address, peer = remote address, account = accounts_file (default host)"),
+        arg("--limit", type=int, default=10, help="rows to print (default 10)"),
+        arg("--json", action="store_true",
+            help="one JSON document: the window and its rows (--format json: a JSON object per row)"))),
+    Command("report", "write the HTML traffic report to <warehouse>/_reports/index.html (no Spark)", cmd_report, (
+        arg("--top-last", default="24h",
+            help="window of the top-talkers tables, ending at the watermark (default 24h; 7d, 90m …)"),)),
+    Command("metrics", _METRICS_HELP, cmd_metrics, (
+        arg("--write", action="store_true",
+            help="also rewrite <warehouse>/_reports/metrics.prom (atomically) with these figures"),),
+            description=_METRICS_HELP[0].upper() + _METRICS_HELP[1:] + "."),
+    Command("accept", "accept a period that failed its checks (audited); roll-ups then proceed", cmd_accept, (
+        arg("--period", required=True, help="the failed period: 2026-11 (month), 2026-11-01 (day) or "
+            "2026-11-01T10:00Z (hour)"),
+        arg("--reason", required=True, help="why it is accepted (kept in the ledger)"),
+        arg("--by", help="who accepts it (default: the user running the command)"))),
+    Command("bill", "bills of a billing period per account: volume and 95th-percentile rate (no Spark)", cmd_bill, (
+        *FORMATS,
+        arg("--period", required=True, help="the billing period, by the month it starts in (2026-10)"),
+        arg("--account", help="one account (default: every account)"),
+        arg("--json", action="store_true", help="print the bills as one JSON document (exact integers and rates; "
+            "--format json: a JSON object per bill)"))),
+    Command("export", "write a table's rows over a time range as CSV, JSON lines or Parquet, streamed one storage key "
+            "at a time; published periods only unless --include-open (no Spark)", cmd_export, (
+        arg("--table", required=True, help="hourly, daily, monthly, periods, panes, bills, alerts, source_panes, "
+            "packets (while raw detail is kept), late_packets, rejects, batches or dq_results"),
+        arg("--from", required=True, help="start of the range on the table's time column (ISO date or time, "
+            "inclusive; docs/exports.md names each table's column)"),
+        arg("--to", required=True, help="end of the range (ISO date or time, exclusive)"),
+        arg("--format", required=True, choices=["csv", "json", "parquet"],
+            help="csv, json (JSON lines: one object per row) or parquet (needs --out)"),
+        arg("--out", metavar="PATH", help="the file, written atomically (default: stdout, csv and json)"),
+        arg("--include-open", action="store_true",
+            help="also rows of periods not closed yet (open hours); a failed period is never exported"))),
+    Command("alerts", "quota and commit alerts per account and billing period (no Spark)", cmd_alerts, (
+        *FORMATS,
+        arg("--period", help="the billing period, by the month it starts in (2026-10); default: the latest periods "
+            "with alerts"),
+        arg("--account", help="one account (default: every account)"),
+        arg("--json", action="store_true",
+            help="print the alerts as one JSON document (--format json: a JSON object per alert)"))),
+    Command("spark", "keep a warm Spark for this warehouse: start, stop or status of a local Spark Connect server "
+            "that later jobs use (spark_master auto)", cmd_spark, (
+        arg("action", choices=["start", "stop", "status"]),
+        arg("--port", type=int, help="port on 127.0.0.1 (default: a free one)"))),
+    Command("demo", "generate sample traffic and run the whole pipeline on it", cmd_demo, (
+        arg("--dir", default="demo", help="folder for the demo's inbox and warehouse (default ./demo)"),)),
+    Command("collect", "receive sFlow/NetFlow/IPFIX datagrams over UDP into inbox/<source>/ as pcap files (decodes "
+            "nothing; runs until SIGTERM or Ctrl-C)", cmd_collect, (
+        arg("--listen", action="append", metavar="HOST:PORT",
+            help="address and UDP port to listen on, [v6]:port for IPv6 (repeatable; default 127.0.0.1:2055, "
+                 "127.0.0.1:4739 and 127.0.0.1:6343: loopback only)"),
+        arg("--allow", action="append", metavar="BLOCKS",
+            help="address blocks whose datagrams are taken, e.g. 192.0.2.0/24,2001:db8::1 (repeatable; replaces "
+                 "the allowed_exporters setting); others are dropped and counted"),
+        arg("--allow-any", action="store_true",
+            help="take datagrams from any sender, also on an address other machines reach"),
+        arg("--rotate", default="60", help="period per file and source: seconds or 90s, 15m, 1h (default 60)"),
+        arg("--flush", default="1", help="seconds (0.05) or a duration (2s, 1m) between hand-overs to the OS: what "
+            "a SIGKILL may lose (default 1)"),
+        arg("--flush-datagrams", type=int, default=10_000,
+            help="hand over to the OS after this many datagrams too (default 10000)"),
+        arg("--rcvbuf", default="32M", help="socket receive buffer to ask for, per address (default 32M)"),
+        arg("--status", help="JSON status file, rewritten atomically every --status-every seconds"),
+        arg("--status-every", default="5", help="seconds or a duration between status files (default 5)"),
+        arg("--log-every", default="60",
+            help="seconds or a duration between status lines on stderr (default 60; 0: none)"),
+        arg("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here (e.g. 127.0.0.1:9155)"))),
+)}
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``traffic`` parser, built from ``COMMANDS``: a sub-command each, with the common options first."""
     parser = argparse.ArgumentParser(prog="traffic", description="Traffic accounting lakehouse.")
     parser.add_argument("--version", action="version", version=f"traffic {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", help="TOML config file (or TRAFFIC_CONFIG)")
-    for name, text in _SETTING_OPTIONS.items():
-        common.add_argument(f"--{name.replace('_', '-')}", dest=name, help=text)
-    common.add_argument("--set", action="append", metavar="NAME=VALUE", help="any other setting (repeatable)")
-    common.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    timed = argparse.ArgumentParser(add_help=False)
-    timed.add_argument("--timings", action="store_true", help="print where the time went, per step (stderr)")
-    sub.add_parser("ingest", parents=[common, timed], help="ingest what is new in the inbox (one micro-batch)")
-    close = sub.add_parser("close", parents=[common, timed], help="freeze closed hours, roll up days/months, expire")
-    close.add_argument("--until", help="stop at this hour (ISO time): freeze hours ending by then")
-    close.add_argument("--only", help="comma-separated steps to run: freeze, days, months, expire (default all)")
-    close.add_argument("--report", metavar="FILE", help="also write what the close did (hours frozen, days and "
-                       "months rolled up, hours expired) to FILE as JSON, atomically (the hourly DAG reads it)")
-    run = sub.add_parser("run", parents=[common, timed], help="ingest then close: one tick")
-    run.add_argument("--until", help="as for close")
-    status = sub.add_parser("status", parents=[common], help="watermark, clocks, open hours, last closed periods")
-    status.add_argument("--json", action="store_true")
-    formats = argparse.ArgumentParser(add_help=False)
-    formats.add_argument("--format", default="table", choices=["table", "csv", "json", "parquet"],
-                         help="table (default: text for people), or every column with exact values and ISO-8601 "
-                              "UTC times: csv, json (JSON lines: one object per row), parquet (needs --out); "
-                              "docs/exports.md")
-    formats.add_argument("--out", metavar="PATH", help="write the --format file here, atomically (default: stdout)")
-    show = sub.add_parser("show", parents=[common, formats], help="print a table")
-    show.add_argument("what", choices=["hourly", "daily", "monthly", "periods", "late", "rejects", "batches", "sources",
-                                       "account-daily", "account-monthly"])
-    show.add_argument("--from", help="first period (ISO date or time)")
-    show.add_argument("--to", help="end of the range, exclusive (ISO date or time)")
-    show.add_argument("--top", type=int, default=20,
-                      help="rows to print, largest by bytes first (default 20; 0: all), in every --format")
-    replay = sub.add_parser("replay", parents=[common, timed],
-                            help="import archived files for a time range (or restate a frozen range), then close")
-    replay.add_argument("--from", required=True, help="start of the range (ISO time, inclusive)")
-    replay.add_argument("--to", required=True, help="end of the range (ISO time, exclusive)")
-    replay.add_argument("--input", required=True, help="folder of archived files (sub-folder = source)")
-    replay.add_argument("--source", help="source of every file (default: sub-folder name, else 'default')")
-    replay.add_argument("--restate", action="store_true", help="replace the frozen range from the archive (audited)")
-    replay.add_argument("--reason", help="why the range is restated (required with --restate)")
-    top = sub.add_parser("top", parents=[common, formats],
-                         help="top talkers over a window ending at the watermark (no Spark)")
-    top.add_argument("--last", required=True, help="window length: 15m, 1h, 24h, 7d (any duration)")
-    top.add_argument("--by", default="host", choices=["host", "peer", "account"],
-                     help="host = local address, peer = remote address, account = accounts_file (default host)")
-    top.add_argument("--limit", type=int, default=10, help="rows to print (default 10)")
-    top.add_argument("--json", action="store_true",
-                     help="one JSON document: the window and its rows (--format json: a JSON object per row)")
-    report = sub.add_parser("report", parents=[common],
-                            help="write the HTML traffic report to <warehouse>/_reports/index.html (no Spark)")
-    report.add_argument("--top-last", default="24h",
-                        help="window of the top-talkers tables, ending at the watermark (default 24h; 7d, 90m …)")
-    metrics_help = ("print the Prometheus metrics (docs/metrics.md), recomputed from the warehouse's tables, so they "
-                    "are right even when no job has run since an upgrade (no Spark); every job writes them to "
-                    "<warehouse>/_reports/metrics.prom")
-    metrics = sub.add_parser("metrics", parents=[common], help=metrics_help, description=metrics_help[0].upper()
-                             + metrics_help[1:] + ".")
-    metrics.add_argument("--write", action="store_true",
-                         help="also rewrite <warehouse>/_reports/metrics.prom (atomically) with these figures")
-    accept = sub.add_parser("accept", parents=[common],
-                            help="accept a period that failed its checks (audited); roll-ups then proceed")
-    accept.add_argument("--period", required=True, help="the failed period: 2026-11 (month), 2026-11-01 (day) "
-                        "or 2026-11-01T10:00Z (hour)")
-    accept.add_argument("--reason", required=True, help="why it is accepted (kept in the ledger)")
-    accept.add_argument("--by", help="who accepts it (default: the user running the command)")
-    bill = sub.add_parser("bill", parents=[common, formats],
-                          help="bills of a billing period per account: volume and 95th-percentile rate (no Spark)")
-    bill.add_argument("--period", required=True, help="the billing period, by the month it starts in (2026-10)")
-    bill.add_argument("--account", help="one account (default: every account)")
-    bill.add_argument("--json", action="store_true", help="print the bills as one JSON document (exact integers and "
-                                                          "rates; --format json: a JSON object per bill)")
-    export = sub.add_parser("export", parents=[common],
-                            help="write a table's rows over a time range as CSV, JSON lines or Parquet, streamed one "
-                                 "storage key at a time; published periods only unless --include-open (no Spark)")
-    export.add_argument("--table", required=True,
-                        help="hourly, daily, monthly, periods, panes, bills, alerts, source_panes, packets (while raw "
-                             "detail is kept), late_packets, rejects, batches or dq_results")
-    export.add_argument("--from", required=True, help="start of the range on the table's time column (ISO date or "
-                                                      "time, inclusive; docs/exports.md names each table's column)")
-    export.add_argument("--to", required=True, help="end of the range (ISO date or time, exclusive)")
-    export.add_argument("--format", required=True, choices=["csv", "json", "parquet"],
-                        help="csv, json (JSON lines: one object per row) or parquet (needs --out)")
-    export.add_argument("--out", metavar="PATH", help="the file, written atomically (default: stdout, csv and json)")
-    export.add_argument("--include-open", action="store_true",
-                        help="also rows of periods not closed yet (open hours); a failed period is never exported")
-    alerts = sub.add_parser("alerts", parents=[common, formats],
-                            help="quota and commit alerts per account and billing period (no Spark)")
-    alerts.add_argument("--period", help="the billing period, by the month it starts in (2026-10); default: the "
-                                         "latest periods with alerts")
-    alerts.add_argument("--account", help="one account (default: every account)")
-    alerts.add_argument("--json", action="store_true",
-                        help="print the alerts as one JSON document (--format json: a JSON object per alert)")
-    spark = sub.add_parser("spark", parents=[common],
-                           help="keep a warm Spark for this warehouse: start, stop or status of a local Spark Connect "
-                                "server that later jobs use (spark_master auto)")
-    spark.add_argument("action", choices=["start", "stop", "status"])
-    spark.add_argument("--port", type=int, help="port on 127.0.0.1 (default: a free one)")
-    demo = sub.add_parser("demo", parents=[common], help="generate sample traffic and run the whole pipeline on it")
-    demo.add_argument("--dir", default="demo", help="folder for the demo's inbox and warehouse (default ./demo)")
-    collect = sub.add_parser("collect", parents=[common],
-                             help="receive sFlow/NetFlow/IPFIX datagrams over UDP into inbox/<source>/ as pcap files "
-                                  "(decodes nothing; runs until SIGTERM or Ctrl-C)")
-    collect.add_argument("--listen", action="append", metavar="HOST:PORT",
-                         help="address and UDP port to listen on, [v6]:port for IPv6 (repeatable; default "
-                              "127.0.0.1:2055, 127.0.0.1:4739 and 127.0.0.1:6343: loopback only)")
-    collect.add_argument("--allow", action="append", metavar="BLOCKS",
-                         help="address blocks whose datagrams are taken, e.g. 192.0.2.0/24,2001:db8::1 (repeatable; "
-                              "replaces the allowed_exporters setting); others are dropped and counted")
-    collect.add_argument("--allow-any", action="store_true",
-                         help="take datagrams from any sender, also on an address other machines reach")
-    collect.add_argument("--rotate", default="60", help="period per file and source: seconds or 90s, 15m, 1h "
-                                                        "(default 60)")
-    collect.add_argument("--flush", default="1",
-                         help="seconds (0.05) or a duration (2s, 1m) between hand-overs to the OS: what a SIGKILL "
-                              "may lose (default 1)")
-    collect.add_argument("--flush-datagrams", type=int, default=10_000,
-                         help="hand over to the OS after this many datagrams too (default 10000)")
-    collect.add_argument("--rcvbuf", default="32M", help="socket receive buffer to ask for, per address (default 32M)")
-    collect.add_argument("--status", help="JSON status file, rewritten atomically every --status-every seconds")
-    collect.add_argument("--status-every", default="5", help="seconds or a duration between status files (default 5)")
-    collect.add_argument("--log-every", default="60",
-                         help="seconds or a duration between status lines on stderr (default 60; 0: none)")
-    collect.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here (e.g. 127.0.0.1:9155)")
+    for command in COMMANDS.values():
+        added = sub.add_parser(command.name, help=command.help, description=command.description)
+        for flags, spec in (*COMMON, *command.arguments):
+            added.add_argument(*flags, **spec)
     return parser
-
-
-COMMANDS = {"ingest": cmd_ingest, "close": cmd_close, "run": cmd_run, "status": cmd_status, "show": cmd_show,
-            "top": cmd_top, "bill": cmd_bill, "report": cmd_report, "accept": cmd_accept, "replay": cmd_replay,
-            "spark": cmd_spark, "demo": cmd_demo, "collect": cmd_collect, "alerts": cmd_alerts,
-            "metrics": cmd_metrics, "export": cmd_export}
-
-
-#: File-system errors a person fixes (ownership and permissions, a read-only mount, a full disk), with the hint.
-_FIXABLE = {
-    errno.EACCES: "this user may not use it: run as the warehouse's owner, or fix its owner and permissions",
-    errno.EPERM: "this user may not use it: run as the warehouse's owner, or fix its owner and permissions",
-    errno.EROFS: "it is on a read-only file system",
-    errno.ENOSPC: "the disk is full: free some space (an interrupted batch is finished by the next run)",
-    errno.EDQUOT: "this user's disk quota is used up (an interrupted batch is finished by the next run)",
-}
-
-
-def _fixable_problem(error: OSError) -> str:
-    """One line for a file-system error a person can fix: the path, what went wrong, what to do."""
-    where = " → ".join(printable(name) for name in (error.filename, error.filename2) if name is not None)
-    what = error.strerror or type(error).__name__
-    return f"{where}: {what} ({_FIXABLE[error.errno]})" if where else f"{what} ({_FIXABLE[error.errno]})"
-
-
-def _unexpected(args, error: BaseException) -> int:
-    """The last line of defence: one line, not a JVM trace (the details with ``--debug``)."""
-    if getattr(args, "debug", False):
-        raise error
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    print(f"traffic {args.command}: failed: {type(error).__name__}: {printable(first[:500])} (rerun with --debug)",
-          file=sys.stderr)
-    return EXIT_BUG
-
-
-def _reader_gone() -> bool:
-    """After a ``BrokenPipeError``: if stdout's (or stderr's) reader has gone, point it at /dev/null so
-    nothing more (the interpreter's last flush included) fails on it, and say so; False otherwise."""
-    gone = False
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            poller = select.poll()
-            poller.register(stream.fileno(), select.POLLOUT)
-            broken = any(events & select.POLLERR for _, events in poller.poll(0))
-        except (OSError, ValueError):  # not a file descriptor (a test's capture): nothing to redirect
-            continue
-        if broken:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, stream.fileno())
-            os.close(devnull)
-            gone = True
-    return gone
 
 
 def main(argv: list[str] | None = None, spark=None) -> int:
@@ -692,13 +565,13 @@ def main(argv: list[str] | None = None, spark=None) -> int:
             base = Path(args.dir).absolute()
             settings = settings.replace(warehouse=base / "warehouse", inbox=base / "inbox")
         holder = SparkHolder(settings, f"traffic-{args.command}", spark)
-        code = COMMANDS[args.command](args, settings, holder)
+        code = COMMANDS[args.command].run(args, settings, holder)
         sys.stdout.flush()  # here, not at exit: a reader gone by now is handled below
         return code
     except BrokenPipeError as error:
-        if _reader_gone():
+        if reader_gone():
             return EXIT_PIPE
-        return _unexpected(args, error)
+        return unexpected(args, error)
     except (SettingsError, InboxError, LockTimeout, StorageError, AcceptError, TopError, CollectError,
             SumOverflow) as error:
         print(f"traffic {args.command}: error: {printable(error)}", file=sys.stderr)
@@ -711,12 +584,12 @@ def main(argv: list[str] | None = None, spark=None) -> int:
               file=sys.stderr)
         return 130
     except OSError as error:
-        if error.errno not in _FIXABLE:
-            return _unexpected(args, error)
-        print(f"traffic {args.command}: error: {_fixable_problem(error)}", file=sys.stderr)
+        if error.errno not in FIXABLE:
+            return unexpected(args, error)
+        print(f"traffic {args.command}: error: {fixable_problem(error)}", file=sys.stderr)
         return EXIT_USER
     except Exception as error:  # noqa: BLE001 - the last line of defence: one line, not a JVM trace
-        return _unexpected(args, error)
+        return unexpected(args, error)
     finally:
         if holder is not None and spark is None:
             holder.stop()
