@@ -595,7 +595,7 @@ def test_the_compose_collector_and_the_demo_router_pass_the_exposure_rule(tmp_pa
     options = build_options(listen=listen, allow=settings.allowed_exporters)
     assert sender_allowed("172.18.0.1", options.allow), "the stack's network gateway is refused"
 
-    from traffic.app.demo_telemetry import Router
+    from traffic.app.demo.telemetry import Router
 
     router = Router(tmp_path / "inbox", ["10.0.0.1"], ["198.51.100.1"])
     try:

@@ -1,14 +1,10 @@
-"""The demo's telemetry source: a router that exports IPFIX flows and sFlow samples to a live ``traffic collect``.
-
-The datagrams travel over UDP on 127.0.0.1 to a collector run in-process (``Collector.drain`` and
-``complete`` instead of its ``serve`` loop), which writes them to ``inbox/router/*.flows.pcap``
-exactly as the command does. Two things are staged for the demo's sample time, days in the past:
-the IPFIX records and headers carry the sample's times, and sFlow (which has no clock of its own:
-a sample's time is when the collector received it) is received with the collector's clock shifted
-into the sample's past (``Collector.clock_offset_us``).
+"""What the demo router exports for a delivery: IPFIX flows and sFlow samples of the sample's traffic,
+as datagrams (generated here; ``traffic.app.demo.telemetry`` sends them to a collector).
 
 IPFIX uses one template (IPv4 addresses, ports, protocol, 8-byte counters, start and end in ms),
 sent in every message; sFlow flow samples carry raw Ethernet/IPv4 headers, sampled 1 in ``SFLOW_RATE``.
+sFlow has no clock of its own (a sample's time is when the collector received it), so each burst
+says the sample time it must be received at.
 """
 
 from __future__ import annotations
@@ -16,29 +12,26 @@ from __future__ import annotations
 import random
 import socket
 import struct
-import time
-from datetime import datetime, timedelta
-from pathlib import Path
+from dataclasses import dataclass
+from datetime import datetime
 
-from traffic.app.collect import Collector, build_options
+from traffic.core.periods import PANE, micros
 
-SOURCE = "router"
 SFLOW_RATE = 64
 _TEMPLATE_ID = 256
 #: (IPFIX element id, length): source/destination IPv4, ports, protocol, octets, packets, start/end ms.
 _TEMPLATE = ((8, 4), (12, 4), (7, 2), (11, 2), (4, 1), (1, 8), (2, 8), (152, 8), (153, 8))
 _RECORD = struct.Struct(">4s4sHHBQQQQ")
-_PANE = timedelta(minutes=5)
 
 
-def _us(ts: datetime) -> int:
-    return int(ts.timestamp()) * 1_000_000 + ts.microsecond
+@dataclass(frozen=True)
+class Burst:
+    """Datagrams the router exports at one moment of the sample: IPFIX ones, then sFlow ones, received when
+    the sample's clock reads ``received_at`` (None: whenever the previous burst was)."""
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    ipfix: tuple[bytes, ...]
+    sflow: tuple[bytes, ...] = ()
+    received_at: datetime | None = None
 
 
 def ipfix_message(flows: list[tuple], export_us: int, sequence: int) -> bytes:
@@ -78,42 +71,34 @@ def ethernet_frame(src: str, dst: str, sport: int, dport: int, size: int) -> byt
     return bytes(6) + bytes.fromhex("020000000001") + b"\x08\x00" + ip + tcp
 
 
-class Router:
-    """The demo router and the collector it exports to (``close`` when done)."""
 
-    def __init__(self, inbox: Path, local_hosts: list[str], remote_hosts: list[str]):
-        self.ports = (_free_port(), _free_port())  # IPFIX, sFlow
-        options = build_options(listen=[f"127.0.0.1:{port}" for port in self.ports], log_every=0, rcvbuf="8M")
-        self.collector = Collector(inbox, {"127.0.0.1": SOURCE}, options, log=lambda line: None).start()
-        self.sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+class RouterExports:
+    """The demo router's traffic between ``local_hosts`` (IPv4 ones) and ``remote_hosts``, and its export
+    sequence numbers, which run on from one delivery to the next."""
+
+    def __init__(self, local_hosts: list[str], remote_hosts: list[str]):
         self.local, self.remote = [h for h in local_hosts if ":" not in h], remote_hosts
         self.ipfix_sequence = self.sflow_sequence = 0
-        self.sent = 0
 
-    def deliver(self, start: datetime, end: datetime, rng: random.Random) -> None:
-        """Export the traffic of ``[start, end)``, then have the collector complete its files."""
+    def delivery(self, start: datetime, end: datetime, rng: random.Random) -> list[Burst]:
+        """The bursts of ``[start, end)``: one per pane, then an empty IPFIX message that brings the
+        router's clock to the end of the delivery, like every other source's."""
+        bursts = []
         pane = start
         while pane < end:
             flows = [self._flow(rng, pane, end) for _ in range(rng.randint(2, 6))]
-            export = min(max(f[8] for f in flows) + 1_000_000, _us(end) - 1)
-            self._send(self.ports[0], ipfix_message(flows, export, self.ipfix_sequence))
+            export = min(max(f[8] for f in flows) + 1_000_000, micros(end) - 1)
+            ipfix = ipfix_message(flows, export, self.ipfix_sequence)
             self.ipfix_sequence += len(flows)
             frames = [ethernet_frame(*self._pair(rng), rng.randint(1024, 65535), 443,
                                      rng.choice([64, 576, 1500, 1500])) for _ in range(rng.randint(1, 4))]
-            # sFlow's time is its receive time: received at the middle of the pane in the sample's past.
-            self.collector.clock_offset_us = _us(pane + _PANE / 2) - time.time_ns() // 1000
-            self._send(self.ports[1], sflow_datagram(frames, self.sflow_sequence, self.sflow_sequence * 1000))
+            sflow = sflow_datagram(frames, self.sflow_sequence, self.sflow_sequence * 1000)
             self.sflow_sequence += 1
-            self._received()
-            pane += _PANE
-        # The router's clock reaches the end of the delivery, like every other source's.
-        self._send(self.ports[0], ipfix_message([], _us(end) - 1_000_000, self.ipfix_sequence))
-        self._received()
-        self.collector.complete()
-
-    def close(self) -> None:
-        self.sender.close()
-        self.collector.close()
+            # sFlow's time is its receive time: received at the middle of the pane in the sample's past.
+            bursts.append(Burst((ipfix,), (sflow,), pane + PANE / 2))
+            pane += PANE
+        bursts.append(Burst((ipfix_message([], micros(end) - 1_000_000, self.ipfix_sequence),)))
+        return bursts
 
     def _pair(self, rng: random.Random) -> tuple[str, str]:
         local, remote = rng.choice(self.local[:4] if rng.random() < 0.5 else self.local), rng.choice(self.remote)
@@ -121,20 +106,8 @@ class Router:
 
     def _flow(self, rng: random.Random, pane: datetime, end: datetime) -> tuple:
         src, dst = self._pair(rng)
-        start = _us(pane) + rng.randrange(300_000_000)
-        stop = min(start + rng.choice([0, 5, 40, 200, 700]) * 1_000_000, _us(end) - 1_000_000)
+        start = micros(pane) + rng.randrange(300_000_000)
+        stop = min(start + rng.choice([0, 5, 40, 200, 700]) * 1_000_000, micros(end) - 1_000_000)
         packets = rng.randint(1, 400)
         return (src, dst, rng.randint(1024, 65535), rng.choice([53, 80, 443]), 6, packets * rng.choice([90, 800, 1400]),
                 packets, start, max(start, stop))
-
-    def _send(self, port: int, datagram: bytes) -> None:
-        self.sender.sendto(datagram, ("127.0.0.1", port))
-        self.sent += 1
-
-    def _received(self) -> None:
-        """Wait until the collector has taken every datagram sent so far (loopback: milliseconds)."""
-        deadline = time.monotonic() + 10
-        while self.collector.drain() < self.sent:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the demo collector received {self.collector.totals()[0]} of {self.sent} datagrams")
-            time.sleep(0.001)
