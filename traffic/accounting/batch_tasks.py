@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from traffic.accounting.panes import Mapping, account_parts
 from traffic.accounting.parts import (SUMMARY, REJECT_ROWS, TELEMETRY_STATE, _PARTS, file_part, floor_to, group_sums, hourly_parts,
                                       rows_of_groups_past_int64, save_part, weights)
-from traffic.core.periods import late_mask, micros
+from traffic.core.periods import HOUR_US, PANE_US, late_mask, micros
 from traffic.core.records import MAX_REASON_CHARS, PACKET, PARSED_SCHEMA, REJECT as REJECT_KIND
 from traffic.storage.staging import write_staged
 from traffic.io.files import PieceChanged, read_piece
@@ -51,8 +51,6 @@ OUTSIDE = "outside"  # replay: a record outside the replayed time range (not cou
 # Codes of the fate chain, first match wins; two extra codes tell the sanity-bound rejects apart.
 _REJECTED, _OUTSIDE, _TOO_NEW, _TOO_OLD, _LATE_TICK, _TICK, _LATE, _ON_TIME = range(8)
 _FATE_NAMES = pa.array([REJECT, OUTSIDE, REJECT, REJECT, LATE_TICK, TICK, LATE, ON_TIME], pa.string())
-_HOUR_US = 3_600_000_000
-_PANE_US = 300_000_000
 _TS = pa.timestamp("us", tz="UTC")
 NO_TIME = np.iinfo(np.int64).min
 
@@ -115,9 +113,9 @@ def split_by_fate(parsed: pa.Table, rules: Rules, code: np.ndarray | None = None
     """Split a parsed chunk by fate: ``packets``, ``late``, ``rejects`` rows and the ``summary``."""
     code = fates(parsed, rules) if code is None else code
     ts = parsed.column("ts")
-    hour = floor_to(ts, _HOUR_US)
+    hour = floor_to(ts, HOUR_US)
     with_hour = parsed.append_column("hour", hour)
-    pane = floor_to(ts, _PANE_US)
+    pane = floor_to(ts, PANE_US)
     fate = _FATE_NAMES.take(pa.array(code))
     is_packet = pc.equal(parsed.column("kind"), PACKET)
     summary = pa.table({"fate": fate, "source": parsed.column("source"), "pane": pane,
@@ -187,8 +185,8 @@ def reject_sums_past_int64(parsed: pa.Table) -> pa.Table:
     if parsed.num_rows < 2 or not pc.any(is_packet).as_py():
         return parsed
     ts = parsed.column("ts")
-    amounts = pa.table({"source": parsed.column("source"), "pane": floor_to(ts, _PANE_US),
-                        "hour": floor_to(ts, _HOUR_US), "local_ip": parsed.column("local_ip"),
+    amounts = pa.table({"source": parsed.column("source"), "pane": floor_to(ts, PANE_US),
+                        "hour": floor_to(ts, HOUR_US), "local_ip": parsed.column("local_ip"),
                         "remote_ip": parsed.column("remote_ip"),
                         "bytes": pc.if_else(is_packet, pc.fill_null(parsed.column("bytes"), 0), 0),
                         "packets": pc.if_else(is_packet, weights(parsed), 0)})

@@ -21,9 +21,9 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from traffic.accounting.parts import ACCOUNT_PARTS, PANE_US, floor_to, group_sums, weights
+from traffic.accounting.parts import ACCOUNT_PARTS, floor_to, group_sums, weights
 from traffic.core.accounts import AccountMap, load_accounts, parse_accounts
-from traffic.core.periods import micros
+from traffic.core.periods import HOUR_US, PANE_US, micros
 from traffic.core.accounts import AccountsError
 from traffic.core.settings import SettingsError
 from traffic.core.accounts import NO_ACCOUNTS
@@ -148,7 +148,7 @@ def sum_pane_rows(rows, status: str):
 
 
     grouped = group_sums(rows, list(KEY), {"bytes": ("bytes", "sum"), "packets": ("packets", "sum")})
-    return grouped.append_column("hour", floor_to(grouped.column("pane_start"), 3_600_000_000)) \
+    return grouped.append_column("hour", floor_to(grouped.column("pane_start"), HOUR_US)) \
                   .append_column("status", pa.repeat(pa.scalar(status), grouped.num_rows))
 
 

@@ -6,6 +6,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from traffic.accounting.parts import AMOUNTS  # noqa: F401 - the amounts of per-pair totals, here for Spark transforms
+from traffic.core.periods import PANE_SECONDS
 
 
 def with_direction_bytes(packets: DataFrame) -> DataFrame:
@@ -45,4 +46,4 @@ def roll_up(rows: DataFrame, period_column: str, period: F.Column) -> DataFrame:
 
 def pane_start(ts_column: str = "ts") -> F.Column:
     """The start of the 5-minute pane of a timestamp."""
-    return F.timestamp_seconds(F.floor(F.unix_seconds(F.col(ts_column)) / 300) * 300)
+    return F.timestamp_seconds(F.floor(F.unix_seconds(F.col(ts_column)) / PANE_SECONDS) * PANE_SECONDS)

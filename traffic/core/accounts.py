@@ -36,7 +36,7 @@ import re
 import tomllib
 import unicodedata
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import date, datetime, time, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -44,11 +44,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from traffic.core.periods import as_utc, on_pane_boundary
+
 UNASSIGNED = "unassigned"
 
-# Mapping changes take effect on a 5-minute pane boundary, so every pane has one version.
-_PANE = timedelta(minutes=5)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _VERSION_KEYS = ("name", "effective_from", "accounts", "limits")
 LIMIT_KEYS = ("quota_bytes", "commit_bps")
 # Exactly the dotted quads Python's ipaddress accepts (no leading zeros, octets <= 255).
@@ -62,11 +61,6 @@ _VERSION_HEADER = re.compile(r"^\s*\[\[\s*version\s*\]\]")
 
 class AccountsError(ValueError):
     """An accounts file a person has to fix; the message names the file, line and entry."""
-
-
-def _utc(ts: datetime) -> datetime:
-    # Naive times are UTC, as everywhere in this project.
-    return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -207,7 +201,7 @@ class AccountMap:
     def version_at(self, ts: datetime) -> AccountVersion:
         """The version in force at ``ts``: the last one effective at or before it (else no accounts)."""
         starts = [version.effective_from for version in self.versions]
-        position = bisect.bisect_right(starts, _utc(ts))
+        position = bisect.bisect_right(starts, as_utc(ts))
         return self.versions[position - 1] if position else NO_ACCOUNTS
 
     def by_id(self, version_id: str | None) -> AccountVersion | None:
@@ -221,7 +215,7 @@ class AccountMap:
 
     def versions_during(self, start: datetime, end: datetime) -> tuple[AccountVersion, ...]:
         """The versions in force at some time in ``[start, end)``, oldest first."""
-        start, end = _utc(start), _utc(end)
+        start, end = as_utc(start), as_utc(end)
         first = self.version_at(start)
         later = tuple(v for v in self.versions if start < v.effective_from < end)
         return (first, *later)
@@ -394,13 +388,14 @@ def _parse_effective_from(value: Any, number: int, where: _Where) -> datetime:
         except ValueError:
             pass
     if isinstance(value, datetime):
-        parsed = _utc(value)
+        parsed = as_utc(value)
     elif isinstance(value, date):
         parsed = datetime.combine(value, time(0), tzinfo=timezone.utc)
     if parsed is None:
         raise where.error(number, f"version {number}: effective_from {value!r} is not a date (2026-01-01, UTC "
                                   f"midnight) or a time (2026-01-15T12:00:00Z)", key="effective_from")
-    if (parsed - _EPOCH) % _PANE:
+    # Mapping changes take effect on a 5-minute pane boundary, so every pane has one version.
+    if not on_pane_boundary(parsed):
         raise where.error(number, f"version {number}: effective_from {parsed.isoformat()} is not on a 5-minute "
                                   f"pane boundary; a pane has one mapping", key="effective_from")
     return parsed

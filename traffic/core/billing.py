@@ -40,33 +40,21 @@ import operator
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import date, datetime, time, timezone
 from typing import Iterable, Mapping
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from traffic.core.periods import PANE
+from traffic.core.periods import PANE, PANE_SECONDS, as_utc, on_pane_boundary
 
 RULES = ("max", "sum")
 UNKNOWN_DIRECTIONS = ("in", "out", "both", "ignore")
 DIRECTIONS = ("in", "out", "internal", "transit", None)
-PANE_SECONDS = PANE // timedelta(seconds=1)
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _LABEL = re.compile(r"^(\d{4})-(\d{2})$")
 
 
 class BillingError(ValueError):
     """A billing request that cannot be answered exactly; the message says what to fix."""
-
-
-def _utc(ts: datetime) -> datetime:
-    # Naive times are UTC, as everywhere in this project.
-    return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
-
-
-def on_pane_boundary(ts: datetime) -> bool:
-    """Whether ``ts`` starts a UTC 5-minute pane."""
-    return (_utc(ts) - _EPOCH) % PANE == timedelta(0)
 
 
 @dataclass(frozen=True)
@@ -78,8 +66,8 @@ class BillingPeriod:
     end_utc: datetime
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "start_utc", _utc(self.start_utc))
-        object.__setattr__(self, "end_utc", _utc(self.end_utc))
+        object.__setattr__(self, "start_utc", as_utc(self.start_utc))
+        object.__setattr__(self, "end_utc", as_utc(self.end_utc))
         for name in ("start_utc", "end_utc"):
             boundary = getattr(self, name)
             if not on_pane_boundary(boundary):
@@ -96,7 +84,7 @@ class BillingPeriod:
 
     def pane_index(self, pane_start: datetime) -> int:
         """The 0-based position of a pane in the period; an error if it is off-grid or outside."""
-        pane_start = _utc(pane_start)
+        pane_start = as_utc(pane_start)
         if not on_pane_boundary(pane_start):
             raise BillingError(f"pane {pane_start.isoformat()} does not start on a 5-minute UTC boundary")
         if not self.start_utc <= pane_start < self.end_utc:
@@ -135,7 +123,7 @@ class BillingCycle:
 
     def period_containing(self, ts: datetime) -> BillingPeriod:
         """The period whose ``[start, end)`` holds ``ts``."""
-        ts = _utc(ts)
+        ts = as_utc(ts)
         local = ts.astimezone(ZoneInfo(self.tz))
         # The local month's period, or a neighbour when ts is before its start day
         # (or, in a zone that falls back across midnight at month end, after its end).
@@ -240,8 +228,8 @@ def compute_bill(
     Every row must lie in the period: a pane outside it is an error, not ignored, since
     a bill built from a wrongly filtered read must not look complete.
     """
-    check_rule(rule, unknown_direction)
-    return bill_from_series(pane_series(panes, period), period, account, rule, unknown_direction, mapping_versions)
+    check_rule(rule, unknown_direction)  # before a row is read: a bad rule fails however the rows are
+    return _bill(pane_series(panes, period), period, account, rule, unknown_direction, mapping_versions)
 
 
 def check_rule(rule: str, unknown_direction: str) -> None:
@@ -291,6 +279,12 @@ def bill_from_series(
 ) -> Bill:
     """The bill of ``account`` from its bytes per direction and pane index (``pane_series``)."""
     check_rule(rule, unknown_direction)
+    return _bill(series, period, account, rule, unknown_direction, mapping_versions)
+
+
+def _bill(series: Mapping[str | None, Mapping[int, int]], period: BillingPeriod, account: str, rule: str,
+          unknown_direction: str, mapping_versions: Iterable[str]) -> Bill:
+    """The bill under a rule already checked (``check_rule``): what ``compute_bill`` and ``bill_from_series`` share."""
     totals = {direction: sum(series.get(direction, {}).values()) for direction in DIRECTIONS}
     inbound, outbound = billed_series(series, unknown_direction)
     n_panes = period.pane_count

@@ -15,15 +15,30 @@ import numpy as np
 
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
+#: The 5-minute pane every rate, percentile and mapping change is measured on (§7), and its length in the
+#: units Arrow, numpy and Spark code counts in.
 PANE = timedelta(minutes=5)
+PANE_SECONDS = PANE // timedelta(seconds=1)
+PANE_US = PANE // timedelta(microseconds=1)
+HOUR_US = HOUR // timedelta(microseconds=1)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_HOUR_US = 3_600_000_000
 
 #: ``dq_status`` values that publish a period (§6): a ``failed`` period is not published and blocks roll-ups.
 PUBLISHED = ("passed", "warning", "accepted")
 
 
 # -- calendar (§2: periods are UTC [start, end)) ---------------------------------------------------
+
+def as_utc(ts: datetime) -> datetime:
+    """A time as aware UTC: a naive one is UTC (as everywhere in this project: Spark's ``collect()`` runs in a
+    UTC process), an aware one is converted."""
+    return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
+
+
+def on_pane_boundary(ts: datetime) -> bool:
+    """Whether ``ts`` starts a UTC 5-minute pane (a naive time is UTC)."""
+    return (as_utc(ts) - EPOCH) % PANE == timedelta(0)
+
 
 def micros(value: datetime) -> int:
     """Microseconds since the epoch of an aware time (how Arrow and numpy code compares times)."""
@@ -116,10 +131,7 @@ def late_mask(ts_us: np.ndarray, watermark_before: datetime | None) -> np.ndarra
     """``is_late`` over an array of epoch microseconds (what parse tasks judge a chunk with)."""
     if watermark_before is None:
         return np.zeros(len(ts_us), dtype=bool)
-    return ts_us // _HOUR_US * _HOUR_US + _HOUR_US <= micros(watermark_before)
-
-
-_PANE_US = 300_000_000
+    return ts_us // HOUR_US * HOUR_US + HOUR_US <= micros(watermark_before)
 
 
 def apportion_to_panes(start_us: np.ndarray, end_us: np.ndarray, amounts: list[np.ndarray]
@@ -140,18 +152,18 @@ def apportion_to_panes(start_us: np.ndarray, end_us: np.ndarray, amounts: list[n
     """
     start_us, end_us = np.asarray(start_us, np.int64), np.asarray(end_us, np.int64)
     duration = end_us - start_us
-    first = start_us // _PANE_US
+    first = start_us // PANE_US
     # The pane of the flow's last instant: an end exactly on a pane boundary does not reach into the next.
-    last = np.where(duration > 0, (end_us - 1) // _PANE_US, first)
+    last = np.where(duration > 0, (end_us - 1) // PANE_US, first)
     count = last - first + 1
     if (count == 1).all():  # every flow inside one pane (or lasting no time): one share each, at its start
         return np.arange(len(start_us)), start_us, [np.asarray(amount, np.int64) for amount in amounts]
     flow = np.repeat(np.arange(len(start_us)), count)
     offset = np.arange(len(flow)) - np.repeat(np.cumsum(count) - count, count)
-    pane = (first[flow] + offset) * _PANE_US
+    pane = (first[flow] + offset) * PANE_US
     ts = np.maximum(start_us[flow], pane)
     single = count[flow] == 1
-    overlap = np.where(single, 1, np.minimum(end_us[flow], pane + _PANE_US) - ts)
+    overlap = np.where(single, 1, np.minimum(end_us[flow], pane + PANE_US) - ts)
     span = np.where(single, 1, duration[flow])
     shares = [_largest_remainder(np.asarray(amount, np.int64), flow, overlap, span, count) for amount in amounts]
     return flow, ts, shares

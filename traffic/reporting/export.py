@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from traffic.core.periods import day_start, hours_between, is_published, month_start, period_end
+from traffic.core.periods import as_utc, day_start, hours_between, is_published, month_start, period_end
 from traffic.core.settings import SettingsError
 from traffic.core.text import human_bytes, printable
 from traffic.storage import state as st
@@ -306,7 +306,7 @@ def iso_times(column) -> pa.Array:
 def _plain(value):
     """A nested value's parts as JSON takes them (times and dates in the same ISO form)."""
     if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
+        return as_utc(value).isoformat()
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, float) and not math.isfinite(value):

@@ -33,8 +33,8 @@ from traffic.accounting.bills import (
     final_panes,
     read_final_panes,
 )
-from traffic.core.billing import PANE_SECONDS, BillingPeriod, billed_series, rate_bps
-from traffic.core.periods import hour_floor, next_month
+from traffic.core.billing import BillingPeriod, billed_series, rate_bps
+from traffic.core.periods import PANE_SECONDS, hour_floor, next_month
 from traffic.storage.warehouse import Warehouse
 from traffic.reporting.html import CSS, human_bytes, number_cell as _num
 from traffic.reporting.html import escape as _e

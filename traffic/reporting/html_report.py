@@ -10,7 +10,7 @@ Beside it, ``bills/`` holds a page per account per billing period (``traffic.rep
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from datetime import date, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from traffic.storage import state as st
 from traffic.accounting.alerts import read_alerts
-from traffic.core.periods import next_month
+from traffic.core.periods import day_start, next_month
 from traffic.storage.table import StorageError
 from traffic.storage.warehouse import Warehouse
 from traffic.quality.data_docs import docs_pages
@@ -74,7 +74,7 @@ def _gather(warehouse: Warehouse) -> dict:
     # not read or turn into Python rows all of history (after 30 days that alone took ~2 s).
     last_month = pc.max(monthly.column("month")).as_py() if monthly.num_rows else None
     daily = warehouse.table("daily").read_arrow(
-        key_min=next_month(_as_utc(last_month)) if last_month else None, columns=["day", *pairs])
+        key_min=next_month(day_start(last_month)) if last_month else None, columns=["day", *pairs])
     # Open rows exist only after the frozen hours (hours freeze in order).
     frontier = st.frozen_frontier(ledger)
     open_rows = warehouse.table("hourly").read_arrow(
@@ -89,7 +89,7 @@ def _gather(warehouse: Warehouse) -> dict:
                       .aggregate([("success", "all")]).rename_columns(["grain", "period_start", "suite", "run_id",
                                                                        "success"]))
     by_month = monthly.group_by("month", use_threads=False).aggregate([("bytes", "sum"), ("packets", "sum")])
-    month_totals = {_as_utc(m): [b, p] for m, b, p in zip(by_month.column("month").to_pylist(),
+    month_totals = {day_start(m): [b, p] for m, b, p in zip(by_month.column("month").to_pylist(),
                                                           by_month.column("bytes_sum").to_pylist(),
                                                           by_month.column("packets_sum").to_pylist())}
     day_totals = {r["period_start"]: [r["bytes"], r["packets"]] for r in ledger if r["grain"] == "day"}
@@ -119,10 +119,6 @@ def _shown_in_quality(checks: pa.Table, ledger: list[dict]) -> pa.Array:
     return pc.or_(pc.not_equal(checks.column("grain"), "hour"),
                   pc.is_in(checks.column("period_start"), value_set=pa.array(hours, checks.schema.field(
                       "period_start").type)))
-
-
-def _as_utc(day: date) -> datetime:
-    return datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
 def _top(closed: pa.Table, column: str) -> list[tuple[str, int, int]]:

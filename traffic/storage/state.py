@@ -14,20 +14,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic.core.clock import ClockState
-from traffic.core.periods import period_end, month_start
+from traffic.core.periods import EPOCH, as_utc, period_end, month_start
 from traffic.storage.warehouse import Warehouse
 from traffic.storage.keys import cluster_key
 from traffic.storage.schemas import arrow_schema
 
 UTC = timezone.utc
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _utc(value):
-    """Timestamps as aware UTC; naive ones come from Spark's collect() in a UTC process (see spark.py)."""
-    if isinstance(value, datetime):
-        return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
-    return value
 
 
 def rows(table: pa.Table) -> list[dict]:
@@ -43,7 +35,7 @@ def _values(column: pa.ChunkedArray) -> list:
     if not pa.types.is_timestamp(column.type):
         return column.to_pylist()
     micros = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64()).to_pylist()
-    return [None if v is None else _EPOCH + timedelta(microseconds=v) for v in micros]
+    return [None if v is None else EPOCH + timedelta(microseconds=v) for v in micros]
 
 
 def read_clock_state(warehouse: Warehouse) -> ClockState:
@@ -57,7 +49,8 @@ def read_clock_state(warehouse: Warehouse) -> ClockState:
         first_hour=clocks[0]["first_hour"],
         # Written before marks existed: no mark (ClockState uses the source's own clock).
         seen_at={r["source"]: r["last_seen_at"] for r in clocks if r.get("last_seen_at") is not None},
-        ahead={r["source"]: tuple((_utc(s["after"]), _utc(s["upto"])) for s in r["ahead_spans"])
+        ahead={r["source"]: tuple(tuple(None if t is None else as_utc(t) for t in (s["after"], s["upto"]))
+                                  for s in r["ahead_spans"])
                for r in clocks if r.get("ahead_spans")},
     )
 
@@ -127,7 +120,7 @@ def last_batch_id(warehouse: Warehouse) -> int:
 def watermark_history(warehouse: Warehouse) -> list[tuple[int, datetime]]:
     """(batch_id, watermark_after) of every batch, in order (for ``closed_at_watermark``)."""
     table = warehouse.table("batches").read_arrow(columns=["batch_id", "watermark_after"])
-    pairs = [(b, _utc(w)) for b, w in zip(table.column("batch_id").to_pylist(),
+    pairs = [(b, as_utc(w)) for b, w in zip(table.column("batch_id").to_pylist(),
                                          table.column("watermark_after").to_pylist()) if w is not None]
     return sorted(pairs)
 
@@ -211,7 +204,7 @@ def waiting_by_source(warehouse: Warehouse, every_source: bool = False) -> dict[
         sets = _waiting_sets(doc)
         received = [s["receive_ts"] for s in sets if isinstance(s.get("receive_ts"), int)]
         out[source] = {"sets": len(sets), "bytes": sum(len(s.get("body") or "") // 2 for s in sets),
-                       "oldest": _EPOCH + timedelta(microseconds=min(received)) if received else None}
+                       "oldest": EPOCH + timedelta(microseconds=min(received)) if received else None}
     return out
 
 
