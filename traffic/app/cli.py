@@ -8,9 +8,8 @@ a full or read-only disk, among them); a failed check exits 3; anything unexpect
 does. Names and reasons from outside are printed with their control characters escaped
 (``traffic.core.text``), so no file name or record can send escape sequences to the terminal.
 
-Each command is declared once, in ``COMMANDS`` (name, help, arguments, function); the parser and the
-dispatch are built from it. Exit codes and failure lines: ``traffic.app.exits``; what the reading
-commands print: ``traffic.app.printouts``.
+Each command is declared once, in ``COMMANDS`` (name, help, arguments, function); the parser and the dispatch
+are built from it. Exit codes and failure lines: ``app/exits.py``; the reading commands' text: ``app/printouts.py``.
 
 Each command imports what it runs inside its function (``# deferred: per command``): ``traffic
 status`` or ``--help`` never loads pyspark, Great Expectations or the Delta writer.
@@ -371,14 +370,15 @@ def cmd_spark(args, settings, spark) -> int:
 
 def cmd_demo(args, settings, spark) -> int:
     from traffic.app import runs  # deferred: per command (see the docstring)
-    from traffic.app.demo import run_demo  # deferred: see above
+    from traffic.app.demo.run import run_demo  # deferred: see above
 
     return run_demo(settings, spark, Path(args.dir), runs.ingest, runs.close, progress=progress)
 
 
 def cmd_collect(args, settings, spark) -> int:
     """Receive flow telemetry over UDP into the inbox until SIGTERM or Ctrl-C (docs/collect.md)."""
-    from traffic.app.collect import build_options, run  # deferred: per command (see the docstring)
+    from traffic.app.collect.options import build_options  # deferred: per command (see the docstring)
+    from traffic.app.collect.service import run  # deferred: per command (see the docstring)
 
     # --allow replaces the allowed_exporters setting (config < environment < command line)
     allow = [block for text in args.allow for block in text.split(",")] if args.allow else settings.allowed_exporters
@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None, spark=None) -> int:
     from traffic.quality.acceptance import AcceptError  # deferred: per command (see the docstring)
     from traffic.core.settings import SettingsError  # deferred: per command (see the docstring)
     from traffic.reporting.top import TopError  # deferred: per command (see the docstring)
-    from traffic.app.collect import CollectError  # deferred: per command (see the docstring)
+    from traffic.app.collect.options import CollectError  # deferred: per command (see the docstring)
     from traffic.accounting.parts import SumOverflow  # deferred: per command (see the docstring)
 
     args = build_parser().parse_args(argv)
