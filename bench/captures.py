@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tshark is required (apt-get install -y tshark)", file=sys.stderr)
         return 2
     os.environ["TZ"] = "UTC"
-    from traffic.io.captures import parse_capture
+    from traffic.io.capture import parse_capture
     from traffic.app.runs import ingest
     from traffic.core.settings import load_settings
     from traffic.runtime.spark import build_spark

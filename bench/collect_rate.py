@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.flow_tools import free_udp_port  # noqa: E402
-from traffic.io.captures import udp_datagrams  # noqa: E402
+from traffic.io.capture import udp_datagrams  # noqa: E402
 
 _SEQ = struct.Struct("!Q")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support import flow_encoder as fe  # noqa: E402
-from traffic.io.captures import udp_datagrams  # noqa: E402
+from traffic.io.capture import udp_datagrams  # noqa: E402
 from traffic.io.flows import FlowState, decode  # noqa: E402
 
 T = 1_800_000_000_000_000

@@ -80,7 +80,7 @@ def test_a_big_capture_is_split_between_tasks_and_counts_every_frame_once(spark,
     one whole-file parse gives: every frame once, and the file's own problem (a cut last record) once."""
     from traffic.io.inbox import MIN_SPLIT_BYTES
     from traffic.app.runs import ingest
-    from traffic.io.captures import parse_capture
+    from traffic.io.capture import parse_capture
 
     harness = Harness(tmp_path, spark, local_networks="10.1.0.0/16,2001:db8:1::/48")
     pattern = _frames()

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import capture_factory as cf
-from traffic.io.captures import parse_capture
+from traffic.io.capture import parse_capture
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from collections import Counter
 import pytest
 
 from tests.support import flow_encoder as fe
-from traffic.io.captures import udp_datagrams
+from traffic.io.capture import udp_datagrams
 from traffic.io.flows import FlowState, decode
 
 pytestmark = pytest.mark.slow

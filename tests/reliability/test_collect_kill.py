@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.flow_tools import free_udp_port
-from traffic.io.captures import udp_datagrams
+from traffic.io.capture import udp_datagrams
 from traffic.io.datagrams import PCAP_HEADER
 
 pytestmark = pytest.mark.timeout(180)

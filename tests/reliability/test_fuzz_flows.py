@@ -22,7 +22,7 @@ from tests.support import flow_encoder as fe
 from tests.support import flowcaps
 from tests.support.requirements import folder_fixture
 from traffic.core.records import canonical_ip
-from traffic.io.captures import Datagrams, udp_datagrams
+from traffic.io.capture import Datagrams, udp_datagrams
 from traffic.io.flows import FlowState, decode
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

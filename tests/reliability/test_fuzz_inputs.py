@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support import capture_factory as cf
-from traffic.io.captures import parse_capture
+from traffic.io.capture import parse_capture
 from traffic.io.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support import flow_tools as ft
-from traffic.io.captures import udp_datagrams
+from traffic.io.capture import udp_datagrams
 from traffic.io.datagrams import PCAP_HEADER, datagram_record
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "flowcaps"

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from tests.support import capture_factory as cf
-from traffic.io.captures import is_capture, parse_capture
+from traffic.io.capture import is_capture, parse_capture
 from traffic.core.records import PARSED_SCHEMA
 
 SOURCE = "edge"
@@ -734,7 +734,7 @@ def test_the_record_walk_finds_exactly_the_records_a_plain_walk_finds(order, sha
 
     import numpy as np
 
-    from traffic.io.captures import record_offsets
+    from traffic.io.capture.framing import record_offsets
 
     rng = random.Random(f"{order}{shape}")
     if shape == "one length":

@@ -20,7 +20,7 @@ import pytest
 from tests.support import capture_factory as cf
 from tests.support import flow_encoder as fe
 from tests.support.requirements import folder_fixture, tool_fixture
-from traffic.io.captures import Datagrams, udp_datagrams
+from traffic.io.capture import Datagrams, udp_datagrams
 from traffic.io.flows import NSEL_MAX_CONNECTIONS, FlowState, decode
 
 FLOWCAPS = Path(__file__).resolve().parents[3] / "shared" / "flowcaps"

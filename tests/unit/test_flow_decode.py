@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import capture_factory as cf
 from tests.support import flow_encoder as fe
-from traffic.io.captures import Datagrams, udp_datagrams
+from traffic.io.capture import Datagrams, udp_datagrams
 from traffic.io.flows import FlowState, Waiting, decode, decode_waiting, expire_waiting
 
 T = 1_800_000_000_000_000  # µs; a whole second

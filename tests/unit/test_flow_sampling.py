@@ -20,7 +20,7 @@ import pytest
 
 from tests.support import flow_encoder as fe
 from tests.support.requirements import folder_fixture
-from traffic.io.captures import Datagrams, udp_datagrams
+from traffic.io.capture import Datagrams, udp_datagrams
 from traffic.io.flows import FlowState, decode
 from traffic.io.flows.sampling import rate_by_precedence as _rate_by_precedence, rate_said as _rate_said
 

@@ -9,7 +9,7 @@ import pytest
 from tests.support import capture_factory as cf
 from traffic.quality import suite_documents as quality
 from traffic.core import records
-from traffic.io.captures import parse_capture
+from traffic.io.capture import parse_capture
 from traffic.io.readers import CSV_HEADER, JSON_LINES, ROUTER_FEED, parse_bytes
 
 TS = 1_793_527_200_000_000  # 2026-11-01T10:00Z

@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from traffic.core.records import clip_value
-from traffic.io.captures import is_capture
-from traffic.io.captures import parse_capture
+from traffic.io.capture import is_capture
+from traffic.io.capture import parse_capture
 from traffic.io.named_columns import parse_csv_header, parse_json_lines
 from traffic.io.router_feed import parse_router_feed
 from traffic.io.text_judging import reject_rows

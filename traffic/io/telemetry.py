@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 
 from traffic.core.periods import apportion_to_panes
 from traffic.core.records import PACKET, PARSED_SCHEMA, REJECT, TICK
-from traffic.io.captures import Datagrams, udp_datagrams
+from traffic.io.capture import Datagrams, udp_datagrams
 from traffic.io.flows import FlowState, Waiting, decode, decode_waiting, expire_waiting
 from traffic.io.orientation import DIRECTION_TEXTS, IN, direction_codes, local_networks, local_texts, neither_local_reason
 
