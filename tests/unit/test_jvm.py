@@ -5,31 +5,25 @@ from __future__ import annotations
 import pytest
 
 from traffic.runtime import jvm
-from traffic.accounting.ingest import announce_work
+from traffic.accounting.ingest import big_batch
 from traffic.core.settings import SettingsError, load_settings
-
-
-@pytest.fixture(autouse=True)
-def no_big_job(monkeypatch):
-    monkeypatch.setattr(jvm, "_big_job", None)
 
 
 def _plan(*files):
     return {"files": [{"status": status, "size": size, "start": start} for status, size, start in files]}
 
 
-def test_auto_is_quick_until_a_job_says_it_is_big():
-    assert jvm.quick("auto") and jvm.quick("quick") and not jvm.quick("full")
-    jvm.expect_big_job("a batch of 40 MiB")
-    assert not jvm.quick("auto") and jvm.quick("quick") and jvm.big_job() == "a batch of 40 MiB"
+def test_auto_is_quick_unless_the_work_is_big():
+    assert jvm.quick_for("auto", False) and jvm.quick_for("quick", False) and not jvm.quick_for("full", False)
+    assert not jvm.quick_for("auto", True) and jvm.quick_for("quick", True) and not jvm.quick_for("full", True)
 
 
 def test_a_batch_is_big_by_the_bytes_it_still_has_to_read():
     mib = 2**20
-    announce_work(_plan(("accounted", 20 * mib, 0), ("duplicate", 100 * mib, 0), ("appended", 40 * mib, 30 * mib)))
-    assert jvm.big_job() is None  # 20 + 10 MiB to read: duplicates and counted prefixes are not read
-    announce_work(_plan(("accounted", 20 * mib, 0), ("replayed", 13 * mib, 0)))
-    assert jvm.big_job() == "a batch of 33 MiB"
+    # 20 + 10 MiB to read: duplicates and counted prefixes are not read
+    assert big_batch(_plan(("accounted", 20 * mib, 0), ("duplicate", 100 * mib, 0), ("appended", 40 * mib, 30 * mib))) \
+        is None
+    assert big_batch(_plan(("accounted", 20 * mib, 0), ("replayed", 13 * mib, 0))) == "a batch of 33 MiB"
 
 
 def test_driver_options_carry_log4j_and_the_quick_flags_only_when_quick():
@@ -48,12 +42,25 @@ def test_the_cli_says_which_jvm_it_starts_and_why(monkeypatch, capsys):
     import traffic.runtime.spark
     from traffic.app.spark_holder import SparkHolder
 
-    monkeypatch.setattr(traffic.runtime.spark, "build_spark", lambda settings, name: object())
+    built = []
+    monkeypatch.setattr(traffic.runtime.spark, "build_spark",
+                        lambda settings, name, big_job=None: built.append(big_job))
     settings = load_settings(environ={}, overrides={"spark_master": "local[2]"})
     SparkHolder(settings, "traffic-test")()
     assert "starting Spark (quick-start JVM) …" in capsys.readouterr().err
-    jvm.expect_big_job("a batch of 40 MiB")
-    SparkHolder(settings, "traffic-test")()
+    SparkHolder(settings, "traffic-test").start("a batch of 40 MiB")
     assert "starting Spark (full JIT: a batch of 40 MiB) …" in capsys.readouterr().err
-    SparkHolder(settings.replace(spark_jit="quick"), "traffic-test")()
+    SparkHolder(settings.replace(spark_jit="quick"), "traffic-test").start("a batch of 40 MiB")
     assert "starting Spark (quick-start JVM) …" in capsys.readouterr().err
+    assert built == [None, "a batch of 40 MiB", "a batch of 40 MiB"]  # the reason reaches the session builder
+
+
+def test_a_factory_that_can_still_choose_its_jvm_is_told_why_the_work_is_big():
+    from traffic.runtime.spark import start_spark
+
+    class Holder:
+        def start(self, big_job=None):
+            return ("started", big_job)
+
+    assert start_spark(Holder(), "a close of 30 hours") == ("started", "a close of 30 hours")
+    assert start_spark(lambda: "running session", "a close of 30 hours") == "running session"

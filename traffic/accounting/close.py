@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic.runtime import jvm
+from traffic.runtime.spark import start_spark
 from traffic.storage import state as st
 from traffic.accounting.alerts import refresh_alerts
 from traffic.accounting.bills import due_periods, store_bills
@@ -188,15 +189,18 @@ def restrict(plan: ClosePlan, only: tuple[str, ...] | None) -> ClosePlan:
 
 
 def close_locked(settings: Settings, warehouse: Warehouse, spark_factory, until: datetime | None,
-                 progress=print, only: tuple[str, ...] | None = None) -> CloseResult:
-    """The body of ``close`` for a caller that already holds the warehouse lock (replay)."""
+                 progress=print, only: tuple[str, ...] | None = None, big_job: str | None = None) -> CloseResult:
+    """The body of ``close`` for a caller that already holds the warehouse lock (replay).
+
+    ``big_job``: why the caller's work is big (a replay's range), for a JVM this close starts when its own
+    hours are few."""
     plan = restrict(plan_close(settings, warehouse, until), only)
     result = CloseResult(watermark=st.read_clock_state(warehouse).watermark)
     if plan.empty:
         return result
     if len(plan.hours) > jvm.QUICK_MAX_HOURS:
-        jvm.expect_big_job(f"a close of {len(plan.hours)} hours")
-    execute_close(warehouse.with_spark(spark_factory()), plan, result, progress)
+        big_job = f"a close of {len(plan.hours)} hours"
+    execute_close(warehouse.with_spark(start_spark(spark_factory, big_job)), plan, result, progress)
     return result
 
 

@@ -115,11 +115,10 @@ def _undecided(doc: dict) -> bool:
     return bool(state.waiting.sets) or any(stream.gaps for stream in state.streams.values())
 
 
-def announce_work(plan: dict) -> None:
-    """Tell the JVM about to start whether this batch is big (``spark_jit = auto`` picks its JIT by it)."""
+def big_batch(plan: dict) -> str | None:
+    """Why this batch is big work for the JVM about to start (``spark_jit = auto`` picks its JIT by it), or None."""
     size = sum(f["size"] - f["start"] for f in plan["files"] if f["status"] in inbox_mod.TO_READ)
-    if size > jvm.QUICK_MAX_BYTES:
-        jvm.expect_big_job(f"a batch of {size / 2**20:,.0f} MiB")
+    return f"a batch of {size / 2**20:,.0f} MiB" if size > jvm.QUICK_MAX_BYTES else None
 
 
 def run_batch(warehouse: Warehouse, plan: dict, progress=print) -> BatchResult:

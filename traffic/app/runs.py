@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Callable
 
 from traffic.accounting.close import CheckFailed, CloseResult, close_locked, rewrite_restated_periods
-from traffic.accounting.ingest import BatchResult, announce_work, plan_batch, run_batch
+from traffic.accounting.ingest import BatchResult, big_batch, plan_batch, run_batch
 from traffic.accounting.replay import plan_replay
 from traffic.core.periods import HOUR
 from traffic.core.settings import Settings
 from traffic.reporting.html_report import refresh_report
 from traffic.reporting.metrics import written_after
 from traffic.runtime import jvm
+from traffic.runtime.spark import start_spark
 from traffic.storage.warehouse import Warehouse
 from traffic.storage.journal import Journal, warehouse_lock
 
@@ -44,8 +45,7 @@ def ingest(settings: Settings, spark_factory: Callable[[], object], progress=pri
             journal.save(plan)
         if resumed:
             progress(f"resuming interrupted batch {plan['batch_id']}")
-        announce_work(plan)
-        warehouse = warehouse.with_spark(spark_factory())
+        warehouse = warehouse.with_spark(start_spark(spark_factory, big_batch(plan)))
         result = complete(warehouse, plan, progress)
         result.resumed = resumed
         journal.clear()
@@ -59,8 +59,7 @@ def finish_pending(settings: Settings, warehouse: Warehouse, spark_factory, prog
     if plan is None:
         return False
     progress(f"finishing interrupted {plan.get('mode', 'ingest')} batch {plan['batch_id']} first")
-    announce_work(plan)
-    complete(warehouse.with_spark(spark_factory()), plan, progress)
+    complete(warehouse.with_spark(start_spark(spark_factory, big_batch(plan))), plan, progress)
     journal.clear()
     return True
 
@@ -108,16 +107,16 @@ def replay(settings: Settings, spark_factory: Callable[[], object], input_dir: P
         finish_pending(settings, warehouse, spark_factory, progress)
         plan = plan_replay(settings, warehouse, Path(input_dir), start, end, source, restate)
         result = BatchResult()
-        if end - start > jvm.QUICK_MAX_HOURS * HOUR:
-            jvm.expect_big_job(f"a replay of {(end - start) / HOUR:,.0f} hours")
+        long_range = f"a replay of {(end - start) / HOUR:,.0f} hours" if end - start > jvm.QUICK_MAX_HOURS * HOUR \
+            else None
         if plan is not None:
             journal = Journal(warehouse.state_dir())
             journal.save(plan)
-            announce_work(plan)
-            result = complete(warehouse.with_spark(spark_factory()), plan, progress)
+            result = complete(warehouse.with_spark(start_spark(spark_factory, big_batch(plan) or long_range)), plan,
+                              progress)
             journal.clear()
         closing = time.perf_counter()
-        closed = close_locked(settings, warehouse, spark_factory, None, progress)
+        closed = close_locked(settings, warehouse, spark_factory, None, progress, big_job=long_range)
         _refresh_if_closed(settings, closed, progress)
         metrics.closed(None, len(closed.failed), since=closing)
         return result, closed

@@ -16,6 +16,10 @@ class SparkHolder:
         self.started_in = 0.0
 
     def __call__(self):
+        return self.start()
+
+    def start(self, big_job: str | None = None):
+        """The session, started now if need be with the JVM ``big_job`` asks for (why the work is big, or None)."""
         if self.spark is None:
             from traffic.runtime import jvm  # deferred: only a command that needs Spark
             from traffic.runtime.spark import build_spark, resolve_master  # deferred: only a command that needs Spark
@@ -27,10 +31,10 @@ class SparkHolder:
 
                 print(f"connecting to the warm Spark at {without_token(master)} …", file=sys.stderr, flush=True)
             else:
-                jit = "quick-start JVM" if jvm.quick(self.settings.spark_jit) else \
-                    f"full JIT: {jvm.big_job()}" if jvm.big_job() else "full JIT"
+                jit = "quick-start JVM" if jvm.quick_for(self.settings.spark_jit, big_job is not None) else \
+                    f"full JIT: {big_job}" if big_job else "full JIT"
                 print(f"starting Spark ({jit}) …", file=sys.stderr, flush=True)
-            self.spark = build_spark(self.settings.replace(spark_master=master), self.app_name)
+            self.spark = build_spark(self.settings.replace(spark_master=master), self.app_name, big_job)
             self.started_in = time.perf_counter() - clock
         return self.spark
 

@@ -4,9 +4,10 @@ A micro-batch or a one-hour close spends most of its time warming the JVM up: Ho
 compiler (C2) and the parallel collector burn CPU on code that runs for seconds. With C1 only and
 the serial collector, a cold 100 k-packet ``traffic run`` took 25–27 s instead of 34–35 s here and
 the JVM used about 40 % less CPU; on 2 M records the same flags were 10–15 % slower, because C2's
-code is faster once it is there. So ``spark_jit = auto`` picks the quick JVM unless the job said,
-before its JVM started, that it has big work (``expect_big_job``). Imports nothing heavy (the
-settings validate ``spark_jit`` against ``core.settings.JIT_MODES``).
+code is faster once it is there. So ``spark_jit = auto`` picks the quick JVM unless the job says,
+before its JVM starts, that it has big work: the caller that decides it (a batch's size, a close's or
+a replay's hours) passes the reason down to where the session is built (``build_spark(big_job=…)``).
+Imports nothing heavy (the settings validate ``spark_jit`` against ``core.settings.JIT_MODES``).
 """
 
 from __future__ import annotations
@@ -21,28 +22,9 @@ QUICK_MAX_BYTES = 32 * 1024 * 1024
 #: A close that freezes more hours than this is big work (a catch-up or a replay's range).
 QUICK_MAX_HOURS = 24
 
-_big_job: str | None = None
-
-
-def expect_big_job(why: str) -> None:
-    """Say, before Spark starts, that this process has big work (``auto`` then starts the full JIT)."""
-    global _big_job
-    _big_job = why
-
-
-def big_job() -> str | None:
-    """Why this process expects big work, or None."""
-    return _big_job
-
-
 def quick_for(mode: str, big: bool) -> bool:
     """The rule: ``quick`` always, ``full`` never, ``auto`` unless the work is big."""
     return mode == "quick" or (mode == "auto" and not big)
-
-
-def quick(mode: str) -> bool:
-    """Whether a JVM started now by this process should be the quick-starting one."""
-    return quick_for(mode, _big_job is not None)
 
 
 def driver_java_options(quick_start: bool, log4j: Path | str = LOG4J) -> str:

@@ -59,12 +59,15 @@ def delta_conf(settings: Settings) -> dict[str, str]:
     return {**({"spark.jars": ",".join(str(p) for p in jars)} if jars else {}), **DELTA_CONF}
 
 
-def build_spark(settings: Settings, app_name: str):
-    """A SparkSession tuned for this pipeline: UTC, microsecond timestamps, few partitions, no UI."""
+def build_spark(settings: Settings, app_name: str, big_job: str | None = None):
+    """A SparkSession tuned for this pipeline: UTC, microsecond timestamps, few partitions, no UI.
+
+    ``big_job``: why the work it starts for is big (``spark_jit = auto`` then starts the full JIT), or None.
+    """
     from pyspark.sql import SparkSession
 
     # Quiet JVM start-up (our log4j2 config applies from the first line), and the JIT the job needs.
-    java_options = jvm.driver_java_options(jvm.quick(settings.spark_jit))
+    java_options = jvm.driver_java_options(jvm.quick_for(settings.spark_jit, big_job is not None))
     os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-java-options '{java_options}' pyspark-shell")
     # Python workers must run the same interpreter (and so the same pyarrow) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -106,6 +109,16 @@ def build_spark(settings: Settings, app_name: str):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def start_spark(spark_factory, big_job: str | None):
+    """The session of ``spark_factory``; a JVM it starts now is chosen for ``big_job`` (why the work is big, or None).
+
+    A factory that has not started Spark yet takes the reason (``start``, as the CLI's ``SparkHolder`` has);
+    any other callable hands back a session already running (a test's, a job's), whose JVM was chosen then.
+    """
+    start = getattr(spark_factory, "start", None)
+    return start(big_job) if start is not None else spark_factory()
 
 
 def _connect(settings: Settings):
