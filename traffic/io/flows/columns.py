@@ -1,4 +1,7 @@
-"""Numpy over many records at once: gathering bytes and fields, record positions, addresses as text."""
+"""Numpy over many records at once: big-endian fields, record positions, addresses as text.
+
+Bytes at many positions are gathered by ``traffic.io.bytes.gather``, the one copy the capture reader uses too.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from traffic.io.bytes import gather
 from traffic.io.flows.records import P_MIXED
 
 
@@ -21,13 +25,6 @@ def record_starts(first: np.ndarray, count: np.ndarray, length: int) -> np.ndarr
     total = int(count.sum())
     before = np.repeat(np.cumsum(count) - count, count)
     return np.repeat(first, count) + (np.arange(total, dtype=np.int64) - before) * length
-
-
-def gather(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """``width`` bytes at each position, as a C-contiguous (n, width) uint8 array (zeros past the end)."""
-    if len(buf) < width or len(pos) and int(pos.max()) > len(buf) - width:
-        buf = np.concatenate([buf, np.zeros(width, np.uint8)])
-    return np.lib.stride_tricks.sliding_window_view(buf, width)[pos]
 
 
 def uint(buf: np.ndarray, pos: np.ndarray, length: int) -> np.ndarray:

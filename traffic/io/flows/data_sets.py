@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from traffic.io.flows.columns import field_at, gather, record_starts, uint, uptime_before, v4_mapped
+from traffic.io.bytes import gather
+from traffic.io.flows.columns import field_at, record_starts, uint, uptime_before, v4_mapped
 from traffic.io.flows.fields import (
     BACKWARD, CONN_ID, CREATE, EVENTS, FORWARD, NAT_EVENT, OBSERVED, SAMPLER_IDS, TEARDOWN, UPDATE, VARIABLE,
     Template, record_fields,

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from traffic.core.records import MAX_BYTES_V4_GSO, MAX_BYTES_V6, MAX_REASON_CHARS, PARSED_SCHEMA, REJECT, clip_record
+from traffic.io.bytes import hex_excerpt
 from traffic.io.capture import Datagrams
 from traffic.io.flows.columns import address_texts, concatenate
 from traffic.io.flows.data_sets import DataSets
@@ -28,7 +29,6 @@ from traffic.io.flows.templates import Templates
 
 log = logging.getLogger(__name__)
 
-_EXCERPT = 64
 _PORT_PROTOCOLS = (6, 17, 132)
 
 
@@ -76,7 +76,7 @@ def expire_waiting(waiting: Waiting, *, before_us: int, source: str, input_file:
         _reject_row(
             f"{s.format} data set for template {s.template_id} (domain {s.domain}): its template never arrived",
             f"datagram {s.number} at µs {s.receive_ts} from {s.exporter}, byte {s.offset}: "
-            + _hex(s.body, 0, len(s.body)),
+            + hex_excerpt(s.body, 0, len(s.body)),
             source, s.input_file or input_file,
         )
         for s in old
@@ -140,7 +140,7 @@ class _Decoder(NetFlow5, Sflow, Templates, DataSets, NselCounting):
         """A reject about the datagram of ``context``, or about what starts at byte ``at`` of the buffer."""
         base = self.base[context]
         where = f", byte {at - base}" if at != base else ""
-        excerpt = _hex(self.data, at, self.end[context] - at)
+        excerpt = hex_excerpt(self.data, at, self.end[context] - at)
         self.rejects.append(_reject_row(
             reason,
             f"datagram {self.number[context]} at µs {self.receive[context]} from {self.exporter[context]}{where}: "
@@ -344,13 +344,6 @@ def _per_packet_bounds(column: dict) -> None:
 
 def _iso(us: int) -> str:
     return str(np.datetime64(us, "us")) + "Z"
-
-
-def _hex(data: bytes, offset: int, available: int) -> str:
-    """Hex of up to the first 64 of ``available`` bytes at ``offset``, '…' when cut."""
-    available = max(0, min(available, len(data) - offset))
-    excerpt = bytes(data[offset : offset + min(available, _EXCERPT)]).hex()
-    return excerpt + ("…" if available > _EXCERPT else "")
 
 
 def _reject_row(reason: str, record: str, source: str, input_file: str) -> dict:

@@ -6,7 +6,8 @@ import struct
 
 import numpy as np
 
-from traffic.io.flows.columns import concatenate, gather, record_starts, uptime_before
+from traffic.io.bytes import gather
+from traffic.io.flows.columns import concatenate, record_starts, uptime_before
 from traffic.io.flows.records import FORMAT_CODE, NETFLOW5
 
 
