@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 
 from tests.support import flow_encoder as fe
-from traffic.io.telemetry import REORDER_WINDOW, TelemetryRules, TelemetryState, read_telemetry
+from traffic.io.sequence_losses import REORDER_WINDOW
+from traffic.io.telemetry import TelemetryRules, TelemetryState, read_telemetry
 
 US = 1_000_000
 T0 = 1_793_000_000 * US // (300 * US) * (300 * US)  # a pane start in 2026

@@ -15,7 +15,8 @@ from traffic.accounting.ingest_batch import BatchRead, BatchTally
 from traffic.core.clock import advance
 from traffic.core.periods import from_micros, hour_floor, micros
 from traffic.core.settings import Settings
-from traffic.io.telemetry import TelemetryState, close_gaps_by, expire_waiting_by
+from traffic.io.sequence_losses import close_gaps_by
+from traffic.io.telemetry import TelemetryState, expire_waiting_by
 from traffic.storage import state as st
 
 
