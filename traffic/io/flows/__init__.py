@@ -1,7 +1,7 @@
 """Decode flow telemetry (sFlow v5, NetFlow v5, NetFlow v9, IPFIX) from UDP datagrams into flow rows.
 
 ``decode`` takes the datagrams a collector file (or any capture of export traffic) holds, from
-``traffic.io.captures.udp_datagrams``, and the template state of earlier batches, and gives:
+``traffic.io.capture.udp_datagrams``, and the template state of earlier batches, and gives:
 
 * ``flows``: one row of ``FLOW_SCHEMA`` per flow record (per direction of a two-way record), or per
   packet an sFlow agent sampled. ``bytes`` and ``packets`` are as the exporter reported them, *not*
@@ -80,10 +80,10 @@ Decisions, for an operator:
   field: protocol and ports null.
 * Sampling (``sampling_rate``, 1 in N; §7a's order, the per-source setting being ingest's). NetFlow
   v5: the header's 14-bit sampling interval. sFlow: the sample's rate. v9/IPFIX, the first that says
-  a rate (``_rate_by_precedence``): the record's own sampling fields; else the rate of the sampler or
+  a rate (``sampling.rate_by_precedence``): the record's own sampling fields; else the rate of the sampler or
   selector the record names (v9 48 FLOW_SAMPLER_ID, IPFIX 302 selectorId or 48 samplerId) from the
   options data that gave that id a rate; else the rate the exporter's options data said last for the
-  (exporter, format, domain). Sampling fields, in options and data records alike (``_rate_said``):
+  (exporter, format, domain). Sampling fields, in options and data records alike (``sampling.rate_said``):
   the PSAMP fields selectorAlgorithm 304 names (1 count-based: 305/306 samplingPacketInterval/Space →
   (interval + space) / interval; 3 random n-out-of-N: 309/310 samplingSize/Population → population /
   size; 4 probabilistic: 311 samplingProbability → 1 / p), without 304 the first present of those
@@ -108,7 +108,7 @@ Decisions, for an operator:
   count 0) removes it, template id 2 / 3 with field count 0 removes all templates / options
   templates of the domain. A template that makes no sense (no fields, records of 0 bytes, ids
   below 256, more fields than its set holds, scope count 0 or above the field count) is a reject
-  and not kept. One with a field this module reads at an impossible length (an IPv4 address of 3
+  and not kept. One with a field the decoder reads at an impossible length (an IPv4 address of 3
   bytes, a variable-length counter) is kept, and each of its records is a reject saying why.
   Enterprise-specific fields (IPFIX bit 0x8000, then a 4-byte PEN) are skipped over, except RFC
   5103's reverse counters (PEN 29305, see Counts).

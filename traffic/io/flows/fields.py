@@ -66,12 +66,12 @@ class Template:
 
     @functools.cached_property
     def layout(self) -> _Layout:
-        """Where its records hold the fields this module reads (worked out once per template)."""
+        """Where its records hold the fields the decoder reads (worked out once per template)."""
         return _layout(self)
 
     @functools.cached_property
     def read_as(self) -> tuple[int, ...]:
-        """Per field, the key this module reads it under, or -1 for a field it does not read.
+        """Per field, the key the decoder reads it under, or -1 for a field it does not read.
 
         Scope fields are not data: a NetFlow v9 scope is a scope *type* (RFC 3954 §6.1: 1 System,
         2 Interface, ...; length 0 allowed), not an element, and of an IPFIX scope only the sampler or
@@ -90,7 +90,7 @@ class Template:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Where a template puts the fields this module reads."""
+    """Where a template puts the fields the decoder reads."""
 
     offsets: dict  # element id → byte offset in the record, for fields before any variable-length one
     lengths: dict  # element id → length

@@ -1,6 +1,6 @@
 """sFlow v5: datagrams walked sample by sample; the sampled packet headers then read in bulk.
 
-Raw packet headers are read by the capture reader's own rules (``captures.ip_headers``: VLANs, MPLS,
+Raw packet headers are read by the capture reader's own rules (``capture.ip_headers``: VLANs, MPLS,
 IPv4-mapped addresses, ...); sampled IPv4/IPv6 records (formats 3 / 4) by the IP length they say.
 """
 
@@ -133,7 +133,7 @@ class Sflow:
         part = dict(order=header, context=context, start=receive, end=receive, protocol=seen.protocol,
                     src_port=seen.src_port, dst_port=seen.dst_port, bytes=seen.length,
                     packets=np.ones(n, np.int64), rate=rate, problem=problem)
-        keys = seen.addresses  # captures' form: family byte, then the address (IPv4 in the last four)
+        keys = seen.addresses  # the capture reader's form: family byte, then the address (IPv4 in the last four)
         part.update(family=keys[:n, 0].astype(np.int8), src4=be_u32(keys[:n, 13:]), dst4=be_u32(keys[n:, 13:]),
                     src6=keys[:n, 1:], dst6=keys[n:, 1:])
         self.parts.append({name: column[keep] for name, column in part.items()})

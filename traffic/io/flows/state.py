@@ -33,8 +33,8 @@ class FlowState:
     sampling: dict = field(default_factory=dict)
     system_init: dict = field(default_factory=dict)
     samplers: dict = field(default_factory=dict)  # (exporter, format, domain, sampler/selector id) → rate
-    #: NSEL: bytes and packets flow updates reported, per (exporter, format, domain, connection id):
-    #: [initiator bytes, packets, responder bytes, packets, last update's time µs], oldest first (``nsel.NselCounting``)
+    #: NSEL: bytes and packets flow updates reported, per (exporter, format, domain, connection id): [initiator
+    #: bytes, packets, responder bytes, packets, last update's time µs], oldest first (``nsel.NselCounting``)
     nsel: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
