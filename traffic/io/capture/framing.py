@@ -3,10 +3,6 @@
 One Python loop walks the record (pcap) or block (pcapng) headers, because each header says where the
 next one is; enhanced packet blocks and pcap record headers are then read in bulk. A problem with the
 file itself is one (reason, record), and the frames before it are kept.
-
-Over the ~400 lines the package aims at (about 410): pcap and pcapng share the ``_Frames`` columns,
-the timestamp conversion and the file-problem rule, and reading them apart would split one format's
-walk from the checks it relies on.
 """
 
 from __future__ import annotations
