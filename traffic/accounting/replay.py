@@ -33,7 +33,7 @@ from traffic.io import inbox as inbox_mod
 from traffic.io.readers import FLOWS
 from traffic.io.telemetry import TelemetryState
 from traffic.storage import state as st
-from traffic.core.periods import hour_floor, hours_between, restatement_past_retention
+from traffic.core.periods import as_utc, hour_floor, hours_between, restatement_past_retention
 from traffic.storage.warehouse import Warehouse
 from traffic.accounting.ingest_read import cutting
 from traffic.core.settings import Settings, SettingsError
@@ -72,7 +72,7 @@ def plan_replay(settings: Settings, warehouse: Warehouse, input_dir: Path, start
     for k in known:
         if k["status"] == inbox_mod.REPLAYED and k.get("range_from"):
             replayed.setdefault((k["source"], k["sha256"]), []).append(
-                (st._utc(k["range_from"]), st._utc(k["range_to"])))
+                (as_utc(k["range_from"]), as_utc(k["range_to"])))
     files = []
     how = replace(cutting(settings), partial_line_grace=0)  # an archive is complete: its last line counts as it is
     for f in found:
