@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.support.harness import Harness, feed_line, tick_line
-from traffic.accounting import close as close_mod
+from traffic.accounting.close import maintenance as close_mod
 from traffic.storage import table as delta_table
 from traffic.storage.engines.rs import RsTable
 from traffic.storage.schemas import TABLES, columns

@@ -15,7 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from traffic.accounting.close import CheckFailed, CloseResult, close_locked, rewrite_restated_periods
+from traffic.accounting.close.execute import CheckFailed, CloseResult, close_locked
+from traffic.accounting.close.restate import rewrite_restated_periods
 from traffic.accounting.ingest import BatchResult, big_batch, plan_batch, run_batch
 from traffic.accounting.replay import plan_replay
 from traffic.core.periods import HOUR

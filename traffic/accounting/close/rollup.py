@@ -1,0 +1,207 @@
+"""Roll-ups: closed days summed from their frozen hours into ``daily``, closed months from their days into
+``monthly``, each re-checking the periods it is built from first (DESIGN §4).
+
+A frozen hour (a rolled-up day) found corrupt since is marked failed and the roll-up over it waits;
+days (months) roll up in order, and the first one that cannot stops the rest.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+
+import pyarrow.compute as pc
+
+from traffic.accounting import transforms as T
+from traffic.accounting.close.ledger import (_arrow_sums, _children_summary, _judge, _late_kept, _ledger_frame,
+                                             _ledger_row, _published, _recheck, _sources_between, _store, _sums,
+                                             _utc_hour, _validate_side_tables)
+from traffic.core.periods import day_start, days_of_month, hours_of_day, month_start, next_month, period_end
+from traffic.core.settings import Settings
+from traffic.quality.suites import Validation
+from traffic.storage import state as st
+from traffic.storage.warehouse import Warehouse
+
+
+def roll_up_days(settings: Settings, warehouse: Warehouse, days: list[date], frozen_now=frozenset(),
+                 restated: str | None = None):
+    """``daily`` for closed days in one pass: re-check their hours, roll up, check, publish.
+
+    The day's hours are checked again first (their rows and ledger rows, except hours this run
+    has just frozen): an hour found corrupt is marked failed and its day waits. Days roll up in
+    order; the first one that cannot stops the rest. Returns (days rolled, failure messages, check).
+    """
+    from pyspark.sql import functions as F
+
+    state = st.read_clock_state(warehouse)
+    starts = sorted(day_start(d) for d in days)
+    begin, end = starts[0], period_end(starts[-1], "day")
+    ledger = st.read_ledger(warehouse, keys=sorted({month_start(s) for s in starts}))
+    hours = {r["period_start"]: r for r in ledger if r["grain"] == "hour" and begin <= r["period_start"] < end}
+    check = Validation(warehouse, "days", [("day", s) for s in starts], list(hours.values()))
+    hourly = warehouse.table("hourly").read(key_min=begin, key_max=end).persist()
+    recheck = sorted(h for h in hours if h not in frozen_now)
+    failures: list[str] = []
+    changed: list[dict] = []
+    if recheck:
+        periods = [("hour", h) for h in recheck]
+        rows_of = hourly.where(F.col("hour").isin(recheck)) if len(recheck) < len(hours) else hourly
+        # As when they were frozen: the row suite checks the hours that have rows, every hour its ledger row.
+        with_rows = {_utc_hour(h) for h in warehouse.table("hourly").read_arrow(keys=recheck, columns=["hour"])
+                     .column("hour").to_pylist()}
+        row_periods = [p for p in periods if p[1] in with_rows]
+        if row_periods:
+            check.validate("hourly", rows_of, row_periods, asset="hourly.recheck")
+        _validate_side_tables(warehouse, check, periods, "days")
+        final_sums = _arrow_sums(warehouse.table("hourly").read_arrow(
+            keys=recheck, columns=["hour", "bytes", "packets"], filter=pc.field("status") == "final"), "hour")
+        present = warehouse.table("packets").periods_with_files(recheck)
+        raw = {}
+        if present:
+            packets = warehouse.table("packets").read(keys=present)
+            raw = {_utc_hour(k): v for k, v in _sums(packets, "hour", [F.sum(T.weight()).alias("packets")]).items()}
+        late_kept = _late_kept(settings, warehouse, recheck)
+        view = []
+        for h in recheck:
+            source = raw.get(h)
+            view.append({**hours[h], "table_bytes": final_sums.get(h, (0, 0))[0],
+                         "table_packets": final_sums.get(h, (0, 0))[1],
+                         "source_bytes": int(source["bytes"]) if source else None,
+                         "source_packets": int(source["packets"]) if source else None,
+                         "late_kept_bytes": late_kept[h]})
+        check.validate("periods", _ledger_frame(view), periods, asset="periods.recheck-hours")
+        changed = _recheck(check, [hours[h] for h in recheck], "hour")
+        for row in changed:
+            hours[row["period_start"]] = row
+            failures.append(check.message("hour", row["period_start"]))
+    rollable = []
+    for start in starts:
+        needed = hours_of_day(start, state.first_hour or start)
+        if not all(_published(hours.get(h)) for h in needed):
+            break
+        rollable.append(start)
+    day_rows = []
+    if rollable:
+        in_days = F.to_date("hour").isin([s.date() for s in rollable])
+        finals = hourly.where((F.col("status") == "final") & in_days)
+        day_rows = _roll_up_into(warehouse, check, "day", rollable, finals, F.to_date("hour"), hours, restated)
+        failures += _judge(check, day_rows)
+    hourly.unpersist()
+    check.record()
+    st.write_ledger_rows(warehouse, _store(changed + day_rows), op="roll_up")
+    return [s.date() for s in rollable], failures, check
+
+
+_ROLLED_UP = {"day": "daily", "month": "monthly"}
+
+
+def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[datetime], finer, period_of,
+                  parts_by_start: dict[datetime, dict], restated: str | None) -> list[dict]:
+    """What a day's and a month's roll-up share: sum the finer rows into the coarser table, replace its
+    periods, check them, and build their ledger rows (their verdicts are set by the caller, ``_judge``).
+
+    ``finer``: the final rows of the periods' parts (hourly / daily); ``period_of``: the Spark column
+    giving each row's period start; ``parts_by_start``: the parts' ledger rows by start.
+    """
+    from pyspark.sql import functions as F  # deferred: pyspark's column functions, as everywhere in this module
+
+    table = _ROLLED_UP[grain]
+    rolled = T.roll_up(finer, grain, period_of)
+    if grain == "day":
+        rolled = rolled.withColumn("month", F.trunc("day", "month"))
+    rolled = rolled.persist()
+    keys = rollable
+    warehouse.table(table).replace(rolled, keys=keys, op="roll_up")
+    stored = _arrow_sums(warehouse.table(table).read_arrow(keys=keys, columns=[grain, "bytes", "packets"]), grain)
+    from_parts = {_utc_hour(datetime.combine(r[grain], datetime.min.time())): r for r in
+                  finer.groupBy(period_of.alias(grain)).agg(
+                      F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")).collect()}
+    periods = [(grain, s) for s in rollable]
+    check.validate(table, rolled, periods, asset=f"{table}.{grain}s")
+    history = st.watermark_history(warehouse)
+    rows = []
+    for start in rollable:
+        parts = [r for s, r in parts_by_start.items() if start <= s < period_end(start, grain)]
+        rows.append(_rolled_up_row(warehouse, grain, start, period_end(start, grain), parts, stored.get(start, (0, 0)),
+                                   from_parts.get(start), history, restated))
+    check.validate("periods", _ledger_frame(rows), periods, asset=f"periods.{grain}s")
+    rolled.unpersist()
+    return rows
+
+
+def _rolled_up_row(warehouse: Warehouse, grain: str, start: datetime, end: datetime, parts: list[dict],
+                   stored: tuple[int, int], source: dict | None, history, restated: str | None) -> dict:
+    """The ledger row of a rolled-up day or month, with the figures its checks compare."""
+    table_bytes, table_packets = stored
+    children = _children_summary(parts)
+    reporting = _sources_between(warehouse, max(start, min(r["period_start"] for r in parts)), end)
+    return {
+        **_ledger_row(grain, start, stored, (children["late_bytes"], children["late_packets"]),
+                      (reporting, children["sources_expected"], children["panes_active"]),
+                      st.closed_at(history, end), restated, lost=children["lost"],
+                      estimated_bytes=children["estimated_bytes"]),
+        "table_bytes": table_bytes, "table_packets": table_packets,
+        "source_bytes": int(source["bytes"]) if source else 0,
+        "source_packets": int(source["packets"]) if source else 0,
+        "parts_bytes": sum(r["bytes"] for r in parts),
+    }
+
+
+def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=frozenset(), restated: str | None = None):
+    """``monthly`` for closed months in one pass: re-check their days, roll up, check, publish.
+
+    Like ``roll_up_days`` one level up: a day found corrupt (its rows no longer add up to its
+    ledger row) is marked failed and its month waits. Returns (months rolled, failures, check).
+    """
+    from pyspark.sql import functions as F
+
+    months = sorted(months)
+    begin, end = months[0], next_month(months[-1])
+    ledger = st.read_ledger(warehouse, keys=months)
+    days = {r["period_start"]: r for r in ledger if r["grain"] == "day"}
+    hours = [r for r in ledger if r["grain"] == "hour"]
+    check = Validation(warehouse, "months", [("month", m) for m in months], list(days.values()))
+    daily = warehouse.table("daily").read(key_min=begin, key_max=end).persist()
+    recheck = sorted(d for d in days if d not in rolled_now)
+    failures: list[str] = []
+    changed: list[dict] = []
+    if recheck:
+        periods = [("day", d) for d in recheck]
+        rows_of = daily.where(F.col("day").isin([d.date() for d in recheck]))
+        check.validate("daily", rows_of, periods, asset="daily.recheck")
+        sums = _arrow_sums(warehouse.table("daily").read_arrow(keys=recheck,
+                                                                columns=["day", "bytes", "packets"]), "day")
+        view = [{**days[d], "table_bytes": sums.get(d, (0, 0))[0], "table_packets": sums.get(d, (0, 0))[1],
+                 "parts_bytes": sum(h["bytes"] for h in hours if d <= h["period_start"] < period_end(d, "day"))}
+                for d in recheck]
+        check.validate("periods", _ledger_frame(view), periods, asset="periods.recheck-days")
+        changed = _recheck(check, [days[d] for d in recheck], "day")
+        for row in changed:
+            days[row["period_start"]] = row
+            failures.append(check.message("day", row["period_start"]))
+    state = st.read_clock_state(warehouse)
+    rollable = []
+    for month in months:
+        needed = days_of_month(month, state.first_hour or month)
+        if not all(_published(days.get(d)) for d in needed):
+            break
+        rollable.append(month)
+    month_rows = []
+    if rollable:
+        of_months = daily.where(F.trunc("day", "month").isin([m.date() for m in rollable]))
+        month_rows = _roll_up_into(warehouse, check, "month", rollable, of_months, F.trunc("day", "month"), days,
+                                   restated)
+        failures += _judge(check, month_rows)
+    daily.unpersist()
+    check.record()
+    st.write_ledger_rows(warehouse, _store(changed + month_rows), op="roll_up")
+    return rollable, failures, check
+
+
+def roll_up_day(settings: Settings, warehouse: Warehouse, day: date, restated: str | None = None) -> None:
+    """``daily`` for one closed day (checked like any roll-up; kept for restatements)."""
+    roll_up_days(settings, warehouse, [day], restated=restated)
+
+
+def roll_up_month(warehouse: Warehouse, month: datetime, restated: str | None = None) -> None:
+    """``monthly`` for one closed month (checked like any roll-up; kept for restatements)."""
+    roll_up_months(warehouse, [month], restated=restated)
