@@ -68,7 +68,7 @@ def traffic_hourly():
                  timeout=WAIT_TIMEOUT.total_seconds())
     def wait_for_watermark(data_interval_end=None) -> bool:
         """Has the watermark passed this interval's end? (Arrow only, no JVM.)"""
-        from traffic.orchestration.dag_support import watermark_passed
+        from traffic.orchestration.dag_support import watermark_sensor as watermark_passed
 
         return watermark_passed(data_interval_end)
 

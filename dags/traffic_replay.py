@@ -43,7 +43,7 @@ def _pass_settings(context) -> None:
 
 def _replay_args(params) -> list[str]:
     """Template macro: the form's values as `jobs/replay.py` arguments (optional ones only when given)."""
-    from traffic.orchestration.dag_support import replay_arguments
+    from traffic.orchestration.replay_form import replay_arguments
 
     return replay_arguments(params)
 
@@ -79,7 +79,7 @@ def traffic_replay():
     @task
     def check_request(params=None) -> list[str]:
         """Validate the form (dates, folder, reason when restating) before any JVM starts."""
-        from traffic.orchestration.dag_support import replay_arguments
+        from traffic.orchestration.replay_form import replay_arguments
 
         return replay_arguments(params)
 

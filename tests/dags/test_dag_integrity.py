@@ -252,7 +252,7 @@ def archive(tmp_path, monkeypatch):
 
 
 def test_replay_arguments_follow_the_form(archive):
-    from traffic.orchestration.dag_support import replay_arguments
+    from traffic.orchestration.replay_form import replay_arguments
     from traffic.core.settings import SettingsError
 
     form = {"from": "2026-11-19T22:00:00Z", "to": "2026-11-20T02:00:00+00:00", "input": str(archive),

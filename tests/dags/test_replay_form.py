@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from traffic.app.cli import build_parser
-from traffic.orchestration.dag_support import replay_arguments
+from traffic.orchestration.replay_form import replay_arguments
 from traffic.core.settings import SettingsError, load_settings
 
 FORM = {"from": "2026-11-19T22:00:00Z", "to": "2026-11-20T02:00:00Z", "source": None, "restate": False,

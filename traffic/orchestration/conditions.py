@@ -34,10 +34,14 @@ def watermark(settings: Settings) -> datetime | None:
     return st.read_clock_state(warehouse).watermark if warehouse else None
 
 
-def watermark_passed(settings: Settings, interval_end: datetime) -> bool:
-    """True once ``W >= interval_end``: every hour ending by then is closed."""
-    current = watermark(settings)
+def watermark_reached(current: datetime | None, interval_end: datetime) -> bool:
+    """The watermark's rule: ``W >= interval_end`` (every hour ending by then is closed); no watermark, no."""
     return current is not None and current >= interval_end
+
+
+def watermark_passed(settings: Settings, interval_end: datetime) -> bool:
+    """True once the current watermark has reached ``interval_end`` (``watermark_reached``)."""
+    return watermark_reached(watermark(settings), interval_end)
 
 
 def hours_final_until(settings: Settings, interval_end: datetime) -> bool:

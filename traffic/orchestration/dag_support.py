@@ -247,7 +247,7 @@ def decide_close(settings, end: datetime) -> CloseDecision:
     and that job takes it again and plans again: a step found due here may be found done when its
     job runs (another run of a backfill got there first); the job's report says so.
     """
-    from traffic.accounting.close import plan_close, restrict  # deferred: DAG parsing stays light
+    from traffic.accounting.close.plan import plan_close, restrict  # deferred: DAG parsing stays light
     from traffic.core.periods import starts  # deferred: DAG parsing stays light
     from traffic.storage import schemas, state as st  # deferred: DAG parsing stays light
     from traffic.storage.warehouse import Warehouse  # deferred: DAG parsing stays light
@@ -421,14 +421,14 @@ def say_freeze_bound(run_type: str, interval_end: Any) -> None:
 
 # -- the checks the sensors and short-circuits ask ------------------------------------------
 
-def watermark_passed(interval_end: Any) -> bool:
-    """Sensor: has the watermark reached the end of this interval (every hour in it is closed)?"""
+def watermark_sensor(interval_end: Any) -> bool:
+    """Sensor: has the watermark reached the end of this interval (``conditions.watermark_passed``)?"""
     from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
 
     settings = settings_from_env()
     end = as_utc(interval_end)
     current = orchestration.watermark(settings)
-    passed = current is not None and current >= end
+    passed = orchestration.watermark_reached(current, end)
     log.info("watermark %s; this interval ends %s: %s", _fmt(current), _fmt(end),
              "passed" if passed else "waiting")
     return passed
@@ -553,59 +553,6 @@ def publish_data_quality(interval_start: Any, interval_end: Any) -> dict:
             f"{r['grain']} {_fmt(r['period_start'])}" + (f" ({r['dq_note']})" if r.get("dq_note") else "")
             for r in failed))
     return summary
-
-
-# -- the replay form ----------------------------------------------------------------------------
-
-def replay_input(settings, folder: str) -> Path:
-    """The replay form's input folder, links resolved, if it lies inside one of ``replay_roots``.
-
-    Whoever may trigger a DAG may not make the worker read any file it can: only archives under
-    the configured roots (``Settings.replay_folders``). The resolved path is what the job gets, so
-    a link swapped after this check cannot point it elsewhere.
-    """
-    from traffic.core.settings import SettingsError  # deferred: DAG parsing stays light
-
-    roots = [Path(os.path.realpath(root)) for root in settings.replay_folders()]
-    allowed = ", ".join(str(root) for root in roots)
-    if not Path(folder).is_absolute() or "\0" in folder:
-        raise SettingsError(f"input {folder!r} is not an absolute folder (allowed: folders under {allowed})")
-    resolved = Path(os.path.realpath(folder))
-    if not any(resolved.is_relative_to(root) for root in roots):
-        raise SettingsError(f"input {folder!r} is not under a replay root (allowed: folders under {allowed}; "
-                            "the setting replay_roots adds others)")
-    if not resolved.is_dir():
-        raise SettingsError(f"input {folder!r} is not a folder on the worker")
-    return resolved
-
-
-def replay_arguments(params: Mapping[str, Any]) -> list[str]:
-    """``jobs/replay.py`` arguments from the replay form, checked before any JVM starts.
-
-    Values go as ``--name=value``, so a reason or a source that starts with ``-`` stays a value.
-    """
-    from traffic.core.settings import SettingsError, parse_time  # deferred: DAG parsing stays light
-
-    def text(name: str) -> str:
-        value = params.get(name)
-        return "" if value is None else str(value).strip()
-
-    missing = [name for name in ("from", "to", "input") if not text(name)]
-    if missing:
-        raise SettingsError(f"replay needs {', '.join(missing)}")
-    start, end = parse_time("from", text("from")), parse_time("to", text("to"))
-    if end <= start:
-        raise SettingsError(f"replay range is empty: from {start.isoformat()} is not before to {end.isoformat()}")
-    folder = replay_input(settings_from_env(), text("input"))
-    args = [f"--from={start.isoformat()}", f"--to={end.isoformat()}", f"--input={folder}"]
-    if text("source"):
-        args.append(f"--source={text('source')}")
-    restate = params.get("restate")
-    if restate is True or str(restate).strip().lower() in {"true", "1", "yes"}:
-        if not text("reason"):
-            raise SettingsError("restate needs a reason (it is recorded in the ledger)")
-        args += ["--restate", f"--reason={text('reason')}"]
-    return args
 
 
 # -- alerts --------------------------------------------------------------------------------------
