@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from traffic.core.records import MAX_BYTES_V4_GSO, MAX_BYTES_V6, MAX_REASON_CHARS, PARSED_SCHEMA, REJECT, clip_record
 from traffic.io.bytes import hex_excerpt
-from traffic.io.capture import Datagrams
+from traffic.io.capture.udp import Datagrams
 from traffic.io.flows.columns import address_texts, concatenate
 from traffic.io.flows.data_sets import DataSets
 from traffic.io.flows.fields import Template

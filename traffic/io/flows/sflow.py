@@ -11,7 +11,7 @@ import struct
 import numpy as np
 
 from traffic.io.bytes import gather
-from traffic.io.capture import ip_headers
+from traffic.io.capture.udp import ip_headers
 from traffic.io.flows.columns import be_u32, uint, v4_mapped
 from traffic.io.flows.records import P_SFLOW_FIELDS, P_TEMPLATE, SFLOW5
 from traffic.io.flows.sampling import usable_rate
