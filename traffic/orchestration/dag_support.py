@@ -462,7 +462,7 @@ class _SparkNeeded(Exception):
 def expire_raw_detail(interval_end: Any, spark: Callable[[str, list[str]], StepRun] | None = None) -> dict:
     """``traffic close --only expire --until <end>``, without a JVM in the worker.
 
-    ``traffic.accounting.close.close`` asks for a session only before running a non-empty plan, and
+    ``traffic.app.runs.close`` asks for a session only before running a non-empty plan, and
     expiry with the ``rs`` engine only removes files through delta-rs and never touches it; so it runs
     here with no session. When Spark is really needed — hours to expire from tables delta-spark writes,
     or an interrupted batch to finish first — the same step runs as a Spark job instead (``spark``, as

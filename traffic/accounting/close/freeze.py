@@ -19,8 +19,8 @@ from traffic.accounting import parts
 from traffic.accounting import transforms as T
 from traffic.accounting.alerts import refresh_alerts
 from traffic.accounting.close.ledger import (_arrow_sums, _judge, _late_kept, _ledger_frame, _ledger_row, _store,
-                                             _sums, _utc_hour, _validate_side_tables)
-from traffic.core.periods import expected_sources_window, hour_floor, panes_of, period_end
+                                             _sums, _validate_side_tables)
+from traffic.core.periods import as_utc, expected_sources_window, hour_floor, panes_of, period_end
 from traffic.core.settings import Settings
 from traffic.quality.suites import Validation
 from traffic.runtime.spark import task_slots
@@ -164,10 +164,10 @@ def recompute_arrow(warehouse: Warehouse, hours: list[datetime], raw_files: dict
     differing = parts.read_parts(str(scratch), "differing", attempts)
     warehouse.drop_scratch(scratch)
     return _Recomputed(job.hourly, job.panes, {h: tuple(v) for h, v in _arrow_sums(raw, "hour").items()},
-                       {_utc_hour(h): n for h, n in zip(differing.column("hour").to_pylist(),
+                       {as_utc(h): n for h, n in zip(differing.column("hour").to_pylist(),
                                                         differing.column("n").to_pylist())},
                        packets.read(keys=hours),
-                       estimated={_utc_hour(h): e for h, e in zip(*freeze_tasks.sum_raw(raw).select(
+                       estimated={as_utc(h): e for h, e in zip(*freeze_tasks.sum_raw(raw).select(
                            ["hour", "estimated_bytes"]).to_pydict().values())})
 
 
@@ -184,11 +184,11 @@ def recompute_spark(warehouse: Warehouse, hours: list[datetime]) -> _Recomputed:
     differing = spark_rows_differing(final, warehouse.table("hourly").read(keys=hours))
     sampled = F.when(F.coalesce(F.col("sampling_rate"), F.lit(1)) > 1, F.col("bytes")).otherwise(F.lit(0))
     sums = _sums(packets, "hour", [F.sum(T.weight()).alias("packets"), F.sum(sampled).alias("estimated")])
-    raw = {_utc_hour(k): (int(v["bytes"] or 0), int(v["packets"])) for k, v in sums.items()}
+    raw = {as_utc(k): (int(v["bytes"] or 0), int(v["packets"])) for k, v in sums.items()}
     # The hour's final panes, from the same raw detail, attributed with the mapping in force at each pane.
     final_panes = P.pane_totals(packets, P.Mapping.of(warehouse.settings.accounts_file), "final").persist()
     return _Recomputed(final, final_panes, raw, differing, packets, (packets, final, final_panes),
-                       estimated={_utc_hour(k): int(v["estimated"] or 0) for k, v in sums.items()})
+                       estimated={as_utc(k): int(v["estimated"] or 0) for k, v in sums.items()})
 
 
 def spark_rows_differing(final, open_rows) -> dict[datetime, int]:
@@ -212,7 +212,7 @@ def spark_rows_differing(final, open_rows) -> dict[datetime, int]:
         same = same & F.col(f"a_{c}").eqNullSafe(F.col(f"b_{c}"))
     both = F.col("a_row").isNotNull() & F.col("b_row").isNotNull()
     rows = F.when(both & same, 0).when(both, 2).otherwise(1)
-    return {_utc_hour(r["hour"]): r["n"] for r in
+    return {as_utc(r["hour"]): r["n"] for r in
             joined.groupBy("hour").agg(F.sum(rows).alias("n")).where(F.col("n") > 0).collect()}
 
 

@@ -7,22 +7,16 @@ is the verdict, ``passed``/``warning`` (published) or ``failed`` (not published,
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 
 import pyarrow as pa
 
 from traffic.accounting import parts
-from traffic.core.periods import PUBLISHED, retention_floor
+from traffic.core.periods import PUBLISHED, as_utc, retention_floor
 from traffic.core.settings import Settings
 from traffic.storage import state as st
 from traffic.storage.schemas import columns
 from traffic.storage.warehouse import Warehouse
-
-UTC = timezone.utc
-
-
-def _utc_hour(value) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _sums(frame, column: str, extra=()) -> dict:
@@ -48,7 +42,7 @@ def _arrow_sums(table: pa.Table, column: str, counted: str = "packets") -> dict[
                                   pc.fill_null(grouped.column("bytes"), 0).to_pylist(),
                                   pc.fill_null(grouped.column("packets"), 0).to_pylist()):
         key = value if isinstance(value, datetime) else datetime(value.year, value.month, value.day)
-        entry = sums.setdefault(_utc_hour(key), [0, 0])
+        entry = sums.setdefault(as_utc(key), [0, 0])
         entry[0] += size
         entry[1] += count
     return sums

@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 from traffic.accounting import transforms as T
 from traffic.accounting.close.ledger import (_arrow_sums, _children_summary, _judge, _late_kept, _ledger_frame,
                                              _ledger_row, _published, _recheck, _sources_between, _store, _sums,
-                                             _utc_hour, _validate_side_tables)
-from traffic.core.periods import day_start, days_of_month, hours_of_day, month_start, next_month, period_end
+                                             _validate_side_tables)
+from traffic.core.periods import as_utc, day_start, days_of_month, hours_of_day, month_start, next_month, period_end
 from traffic.core.settings import Settings
 from traffic.quality.suites import Validation
 from traffic.storage import state as st
@@ -46,7 +46,7 @@ def roll_up_days(settings: Settings, warehouse: Warehouse, days: list[date], fro
         periods = [("hour", h) for h in recheck]
         rows_of = hourly.where(F.col("hour").isin(recheck)) if len(recheck) < len(hours) else hourly
         # As when they were frozen: the row suite checks the hours that have rows, every hour its ledger row.
-        with_rows = {_utc_hour(h) for h in warehouse.table("hourly").read_arrow(keys=recheck, columns=["hour"])
+        with_rows = {as_utc(h) for h in warehouse.table("hourly").read_arrow(keys=recheck, columns=["hour"])
                      .column("hour").to_pylist()}
         row_periods = [p for p in periods if p[1] in with_rows]
         if row_periods:
@@ -58,7 +58,7 @@ def roll_up_days(settings: Settings, warehouse: Warehouse, days: list[date], fro
         raw = {}
         if present:
             packets = warehouse.table("packets").read(keys=present)
-            raw = {_utc_hour(k): v for k, v in _sums(packets, "hour", [F.sum(T.weight()).alias("packets")]).items()}
+            raw = {as_utc(k): v for k, v in _sums(packets, "hour", [F.sum(T.weight()).alias("packets")]).items()}
         late_kept = _late_kept(settings, warehouse, recheck)
         view = []
         for h in recheck:
@@ -112,7 +112,7 @@ def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[dateti
     keys = rollable
     warehouse.table(table).replace(rolled, keys=keys, op="roll_up")
     stored = _arrow_sums(warehouse.table(table).read_arrow(keys=keys, columns=[grain, "bytes", "packets"]), grain)
-    from_parts = {_utc_hour(datetime.combine(r[grain], datetime.min.time())): r for r in
+    from_parts = {as_utc(datetime.combine(r[grain], datetime.min.time())): r for r in
                   finer.groupBy(period_of.alias(grain)).agg(
                       F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")).collect()}
     periods = [(grain, s) for s in rollable]
