@@ -117,7 +117,7 @@ def test_a_batch_whose_tasks_left_per_address_pane_parts_still_gets_its_account_
     tasks left per-address pane parts, which the driver attributes as the tasks now do themselves."""
     from types import SimpleNamespace
 
-    from traffic.accounting import ingest_writes
+    from traffic.accounting.ingest import writes
 
     accounts = tmp_path / "accounts.toml"
     accounts.write_text('[[version]]\nname = "v1"\neffective_from = 2026-10-01\n[version.accounts]\n'
@@ -138,7 +138,7 @@ def test_a_batch_whose_tasks_left_per_address_pane_parts_still_gets_its_account_
     parts.save_part(str(scratch), "panes", 1, 0, old_parts.slice(3))
     read = SimpleNamespace(scratch=scratch, attempts={0: 0, 1: 0})
     warehouse = SimpleNamespace(settings=SimpleNamespace(accounts_file=accounts))
-    got = ingest_writes.account_pane_parts(warehouse, read)
+    got = writes.account_pane_parts(warehouse, read)
 
     def rows(table):
         return sorted(tuple(r.values()) for r in table.to_pylist())
@@ -149,7 +149,7 @@ def test_a_batch_whose_tasks_left_per_address_pane_parts_still_gets_its_account_
     # This version's tasks leave account parts: those are read as they are.
     parts.save_part(str(scratch), "accounts", 0, 0, account_parts(packets, Mapping.of(accounts)))
     parts.save_part(str(scratch), "accounts", 1, 0, account_parts(packets.slice(0, 0), Mapping.of(accounts)))
-    assert rows(ingest_writes.account_pane_parts(warehouse, read)) == rows(got)
+    assert rows(writes.account_pane_parts(warehouse, read)) == rows(got)
 
 
 def _parts_over_hours(hours: int, pairs: int, repeats: int) -> pa.Table:

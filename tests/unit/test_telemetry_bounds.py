@@ -198,8 +198,8 @@ def test_a_batch_whose_totals_pass_64_bits_stops_with_one_line_naming_the_batch_
     import pytest
 
     from traffic.accounting import batch_tasks as B
-    from traffic.accounting.ingest_batch import BatchTally
-    from traffic.accounting.ingest_tally import totals_fit
+    from traffic.accounting.ingest.batch import BatchTally
+    from traffic.accounting.ingest.tally import totals_fit
     from traffic.accounting.parts import SumOverflow
 
     record = 200_000_000_000 * 8 * 86_400  # one 8-day record at 1.6 Tb/s: 1.4 × 10**17 bytes

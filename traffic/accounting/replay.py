@@ -35,7 +35,7 @@ from traffic.io.telemetry import TelemetryState
 from traffic.storage import state as st
 from traffic.core.periods import as_utc, hour_floor, hours_between, restatement_past_retention
 from traffic.storage.warehouse import Warehouse
-from traffic.accounting.ingest_read import cutting
+from traffic.runtime.spark import task_slots
 from traffic.core.settings import Settings, SettingsError
 
 UTC = timezone.utc
@@ -74,7 +74,7 @@ def plan_replay(settings: Settings, warehouse: Warehouse, input_dir: Path, start
             replayed.setdefault((k["source"], k["sha256"]), []).append(
                 (as_utc(k["range_from"]), as_utc(k["range_to"])))
     files = []
-    how = replace(cutting(settings), partial_line_grace=0)  # an archive is complete: its last line counts as it is
+    how = replace(inbox_mod.cutting(settings, task_slots(settings)), partial_line_grace=0)  # an archive is complete: its last line counts as it is
     for f in found:
         file_source = source or f.source
         if f.status == inbox_mod.SKIPPED:  # never opened: recorded by name (the inbox's rule)

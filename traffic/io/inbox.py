@@ -27,6 +27,7 @@ from pathlib import Path
 
 from traffic.io.files import PieceChanged, open_regular
 from traffic.core.records import source_problem
+from traffic.core.settings import Settings
 from traffic.io.readers import CAPTURE, CSV_HEADER, FLOWS, FLOWS_SUFFIX, ROUTER_FEED, detect_format
 
 ACCOUNTED = "accounted"
@@ -161,6 +162,13 @@ class Cutting:
     slots: int = 1
     partial_line_grace: float = 300.0  # seconds a file must stay unchanged before its unterminated line counts
     telemetry_sources: frozenset = frozenset()  # sources whose captures hold export datagrams (DESIGN §7a)
+
+
+def cutting(settings: Settings, slots: int) -> Cutting:
+    """How this warehouse's batches cut files into parse tasks, given the task ``slots`` Spark offers."""
+    return Cutting(split_bytes=settings.split_bytes, parallelism=settings.shuffle_partitions, slots=slots,
+                   partial_line_grace=settings.partial_line_grace.total_seconds(),
+                   telemetry_sources=frozenset(settings.telemetry_sources))
 
 
 #: A piece is never cut smaller than this (below it, a task's fixed cost dominates).

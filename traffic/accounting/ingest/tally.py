@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from traffic.accounting import batch_tasks as B
 from traffic.accounting import parts
-from traffic.accounting.ingest_batch import BatchRead, BatchTally
+from traffic.accounting.ingest.batch import BatchRead, BatchTally
 from traffic.core.clock import advance
 from traffic.core.periods import from_micros, hour_floor, micros
 from traffic.core.settings import Settings

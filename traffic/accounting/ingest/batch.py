@@ -1,7 +1,7 @@
 """What one ingest batch's steps hand each other: the Delta app id its writes carry, the raw tables,
 what its parse tasks left (``BatchRead``) and what its records decide (``BatchTally``).
 
-Kept apart from the steps (``ingest_read``, ``ingest_tally``, ``ingest_writes``) so that none of them
+Kept apart from the steps (``read``, ``tally``, ``writes``) so that none of them
 imports another: ``ingest`` runs them in order.
 """
 

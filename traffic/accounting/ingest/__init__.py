@@ -16,8 +16,8 @@ freeze that follows sees every loss of the hours it freezes. A replay or restate
 the live one (``traffic.accounting.replay``); what of the archive still waits when it ends is rejected.
 
 This module plans a batch, runs its steps in order and commits it; the steps live beside it:
-``ingest_read`` (the parse tasks), ``ingest_tally`` (counts, clocks, what the watermark decides of flow
-telemetry) and ``ingest_writes`` (raw detail, hours, panes, late counters).
+``read`` (the parse tasks), ``tally`` (counts, clocks, what the watermark decides of flow
+telemetry) and ``writes`` (raw detail, hours, panes, late counters).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ import pyarrow as pa
 
 from traffic.accounting import batch_tasks as B
 from traffic.accounting import parts
-from traffic.accounting.ingest_batch import APP, BatchRead, BatchTally
-from traffic.accounting.ingest_read import cutting, read_batch
-from traffic.accounting.ingest_tally import expire_waiting, tally_batch, totals_fit
-from traffic.accounting.ingest_writes import write_hours, write_raw
+from traffic.accounting.ingest.batch import APP, BatchRead, BatchTally
+from traffic.accounting.ingest.read import cutting, read_batch
+from traffic.accounting.ingest.tally import expire_waiting, tally_batch, totals_fit
+from traffic.accounting.ingest.writes import write_hours, write_raw
 from traffic.core.settings import Settings
 from traffic.io import inbox as inbox_mod
 from traffic.io.readers import FLOWS

@@ -20,7 +20,7 @@ from traffic.accounting import batch_tasks as B
 from traffic.accounting import panes as P
 from traffic.accounting import parts
 from traffic.accounting.batch_tasks import CHANGED_SINCE_PLANNED, OUTCOME_DDL, VANISHED, task_function
-from traffic.accounting.ingest_batch import APP, RAW_TABLES, BatchRead
+from traffic.accounting.ingest.batch import APP, RAW_TABLES, BatchRead
 from traffic.accounting.parts import file_part
 from traffic.core.periods import from_micros, future_limit, history_floor, micros
 from traffic.core.settings import Settings
@@ -33,11 +33,8 @@ from traffic.storage.warehouse import Warehouse
 
 
 def cutting(settings: Settings) -> inbox_mod.Cutting:
-    """How this warehouse's batches cut files into parse tasks (``inbox.survey``)."""
-    return inbox_mod.Cutting(split_bytes=settings.split_bytes, parallelism=settings.shuffle_partitions,
-                             slots=task_slots(settings),
-                             partial_line_grace=settings.partial_line_grace.total_seconds(),
-                             telemetry_sources=frozenset(settings.telemetry_sources))
+    """How this warehouse's batches cut files into parse tasks (``inbox.survey``), on this Spark's slots."""
+    return inbox_mod.cutting(settings, task_slots(settings))
 
 
 def _chunks(plan: dict, how: inbox_mod.Cutting) -> list[dict]:

@@ -14,7 +14,7 @@ from traffic.accounting import batch_tasks as B
 from traffic.accounting import panes as P
 from traffic.accounting import parts
 from traffic.accounting.batch_tasks import LATE, ON_TIME, TICK
-from traffic.accounting.ingest_batch import APP, RAW_TABLES, BatchRead, BatchTally, restated_hours
+from traffic.accounting.ingest.batch import APP, RAW_TABLES, BatchRead, BatchTally, restated_hours
 from traffic.core.periods import hour_floor, month_start
 from traffic.storage import state as st
 from traffic.storage.staging import DRIVER_THREADS, write_staged
