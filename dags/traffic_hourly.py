@@ -68,9 +68,9 @@ def traffic_hourly():
                  timeout=WAIT_TIMEOUT.total_seconds())
     def wait_for_watermark(data_interval_end=None) -> bool:
         """Has the watermark passed this interval's end? (Arrow only, no JVM.)"""
-        from traffic.orchestration.dag_support import watermark_sensor as watermark_passed
+        from traffic.orchestration.dag_support import watermark_sensor
 
-        return watermark_passed(data_interval_end)
+        return watermark_sensor(data_interval_end)
 
     @task(execution_timeout=timedelta(minutes=30))
     def close(data_interval_end=None, dag_run=None) -> dict:

@@ -22,33 +22,17 @@ import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import dag, task
 
+from traffic.orchestration.dag_operators import spark_job
+
 ROOT = Path(__file__).absolute().parent.parent
-
-
-class WarmSparkSubmitOperator(SparkSubmitOperator):
-    """spark-submit, or a client of the warm Spark Connect server while one answers (the task log says which)."""
-
-    def execute(self, context):
-        from traffic.orchestration.dag_support import run_spark_step
-
-        return run_spark_step(self, lambda: super(WarmSparkSubmitOperator, self).execute(context))
 
 
 def _every_minutes() -> int:
     """The micro-batch cadence (minutes, default 5); a bad value falls back to the default."""
     value = os.environ.get("TRAFFIC_INGEST_EVERY_MINUTES", "5").strip()
     return int(value) if value.isdigit() and int(value) > 0 else 5
-
-
-def _pass_settings(context) -> None:
-    """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse);
-    the quick-starting JVM unless TRAFFIC_SPARK_JIT says otherwise."""
-    from traffic.orchestration.dag_support import prepare_spark_submit
-
-    prepare_spark_submit(context["task"], quick_by_default=True)
 
 
 @dag(
@@ -70,14 +54,8 @@ def traffic_ingest():
 
         return inbox_has_new_files()
 
-    ingest = WarmSparkSubmitOperator(
-        task_id="ingest",
-        application=str(ROOT / "jobs" / "ingest.py"),
-        name="traffic-ingest",
-        conn_id="spark_default",
-        pre_execute=_pass_settings,
-        execution_timeout=timedelta(minutes=20),
-    )
+    # The quick-starting JVM: a micro-batch is small work.
+    ingest = spark_job(ROOT, "ingest", timeout=timedelta(minutes=20), quick_by_default=True, warm=True)
 
     inbox_has_new_files() >> ingest
 

@@ -27,18 +27,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, task
 
+from traffic.orchestration.dag_operators import spark_job
+
 ROOT = Path(__file__).absolute().parent.parent
-
-
-def _pass_settings(context) -> None:
-    """Hand the worker's TRAFFIC_* settings to spark-submit, read when the task runs (not at parse);
-    the full JIT (big work) unless TRAFFIC_SPARK_JIT says otherwise."""
-    from traffic.orchestration.dag_support import prepare_spark_submit
-
-    prepare_spark_submit(context["task"], quick_by_default=False)
 
 
 def _replay_args(params) -> list[str]:
@@ -83,15 +76,9 @@ def traffic_replay():
 
         return replay_arguments(params)
 
-    replay = SparkSubmitOperator(
-        task_id="replay",
-        application=str(ROOT / "jobs" / "replay.py"),
-        application_args="{{ replay_args(params) }}",
-        name="traffic-replay",
-        conn_id="spark_default",
-        pre_execute=_pass_settings,
-        execution_timeout=timedelta(hours=2),
-    )
+    # The full JIT (big work), and always spark-submit: a replay is not a warm server's client.
+    replay = spark_job(ROOT, "replay", timeout=timedelta(hours=2), quick_by_default=False,
+                       application_args="{{ replay_args(params) }}")
 
     check_request() >> replay
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from traffic.core.settings import SettingsError, load_settings
-from traffic.orchestration.dag_support import run_spark_step
+from traffic.orchestration.spark_tasks import run_spark_step
 from traffic.runtime.connect import plain_with_token
 
 JOB = """

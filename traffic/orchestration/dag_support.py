@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 import tempfile
-from collections import deque
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, NamedTuple
+
+from traffic.orchestration.spark_tasks import (on_warm_server, settings_from_env, spark_submit_conf, spark_submit_env,
+                                                 spark_way)
 
 UTC = timezone.utc
 log = logging.getLogger(__name__)
@@ -30,139 +29,19 @@ class DataQualityFailed(RuntimeError):
     """A period of the run's interval failed its checks: it is not published."""
 
 
-def settings_from_env():
-    """The pipeline's settings as a task sees them (``TRAFFIC_CONFIG`` / ``TRAFFIC_*`` of the worker)."""
-    from traffic.core.settings import load_settings  # deferred: DAG parsing stays light
+def airflow_time(moment: Any) -> datetime:
+    """An Airflow time (a pendulum ``DateTime``, or its ISO text in a template) as a plain ``datetime`` in
+    UTC (``core.periods.as_utc``): the project's code compares and formats plain ones."""
+    from traffic.core.periods import as_utc  # deferred: DAG parsing stays light (periods imports numpy)
 
-    return load_settings()
-
-
-def as_utc(moment: Any) -> datetime:
-    """An Airflow (pendulum) or ISO-string time as a plain aware ``datetime`` in UTC."""
     if isinstance(moment, str):
         moment = datetime.fromisoformat(moment)
-    if moment.tzinfo is None:
-        return datetime(*moment.timetuple()[:6], moment.microsecond, tzinfo=UTC)
-    return datetime.fromtimestamp(moment.timestamp(), UTC)
+    plain = datetime(*moment.timetuple()[:6], moment.microsecond, tzinfo=moment.tzinfo)
+    return as_utc(plain)
 
 
 def _fmt(moment: datetime | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else "none yet"
-
-
-# -- spark-submit ----------------------------------------------------------------------------
-
-def spark_submit_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment handed to ``spark-submit`` at run time: the worker's ``TRAFFIC_*`` settings,
-    the Python that runs the job (this venv's, unless ``PYSPARK_PYTHON`` says otherwise), UTC,
-    and a PATH on which this venv's ``spark-submit`` is found first."""
-    environ = os.environ if environ is None else environ
-    env = {name: value for name, value in environ.items() if name.startswith("TRAFFIC_")}
-    python = environ.get("PYSPARK_PYTHON") or sys.executable
-    env["PYSPARK_PYTHON"] = python
-    env["PYSPARK_DRIVER_PYTHON"] = environ.get("PYSPARK_DRIVER_PYTHON") or python
-    env["TZ"] = "UTC"
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environ.get("PATH", os.defpath)])
-    return env
-
-
-def spark_submit_conf(quick_by_default: bool, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``spark-submit --conf`` for a task's job: Delta's jars and settings (the spark engine), our log4j2
-    config and the driver's JIT.
-
-    ``spark_jit`` (``TRAFFIC_SPARK_JIT``) decides; under ``auto`` the DAG decides by the kind of
-    job, since spark-submit starts the JVM before the job knows its size: the quick-starting JVM
-    for micro-batches and hourly closes, the full JIT for replays.
-    """
-    from traffic.runtime import jvm  # deferred: DAG parsing stays light
-    from traffic.runtime.spark import delta_conf  # deferred: DAG parsing stays light
-    from traffic.core.settings import load_settings  # deferred: DAG parsing stays light
-
-    settings = load_settings(environ=os.environ if environ is None else environ)
-    # Delta's jars go to spark-submit itself: a job's session starts in a JVM already up, too late for them.
-    return {**delta_conf(settings),
-            "spark.driver.extraJavaOptions": jvm.driver_java_options(jvm.quick_for(settings.spark_jit,
-                                                                                   big=not quick_by_default))}
-
-
-def prepare_spark_submit(task, quick_by_default: bool) -> None:
-    """``pre_execute`` of a SparkSubmitOperator: settings, environment and JVM options read when it runs."""
-    task.env_vars = spark_submit_env()
-    task.conf = {**(task.conf or {}), **spark_submit_conf(quick_by_default)}
-
-
-def _say_delta_engine(settings) -> None:
-    from traffic.storage.engine import engine_reason  # deferred: DAG parsing stays light
-
-    log.info("Delta layer: %s", engine_reason(settings))
-
-
-def _warm_server(settings) -> tuple[str, str] | None:
-    """The answering warm server's URL (with its token) and how to name it in a log; None, said why, if none."""
-    from traffic.runtime.connect import answers, client_url, recorded_server  # deferred: DAG parsing stays light
-    from traffic.storage.journal import state_folder  # deferred: DAG parsing stays light
-
-    url = shown = settings.spark_connect
-    if not url:
-        log.info("Spark: spark-submit (no warm Spark Connect server is configured: spark_connect is empty)")
-        return None
-    if url == "auto":
-        record = recorded_server(state_folder(settings.warehouse))
-        if record is None:
-            log.info("Spark: spark-submit (no warm Spark Connect server runs for %s: `traffic spark start` keeps one)",
-                     settings.warehouse)
-            return None
-        url, shown = client_url(record), f"{record['url']} (the warehouse's own)"
-    if not answers(url):
-        log.warning("Spark: the warm Spark Connect server %s does not answer: spark-submit instead", shown)
-        return None
-    return url, shown
-
-
-def _as_client(application: str, args: list[str], env: Mapping[str, str], shown: str) -> None:
-    """Run ``application args`` in a child Python, a client of the warm server: its output goes to the
-    task log, and the child is killed if the task is (a timeout, a kill from the UI)."""
-    process = subprocess.Popen([sys.executable, application, *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=dict(env))
-    try:
-        last = deque(maxlen=5)
-        for line in process.stdout:
-            log.info("%s", line.rstrip())
-            last.append(line.rstrip())
-        if process.wait():
-            raise RuntimeError(f"{Path(application).name} exited with {process.returncode} (as a client of "
-                               f"{shown}): " + " | ".join(last))
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-
-
-def _spark_way(settings) -> tuple[str, str] | None:
-    """The answering warm server (URL with its token, and its name for a log), or None for spark-submit;
-    the task log says which Delta engine runs, which way Spark runs and why."""
-    _say_delta_engine(settings)
-    return _warm_server(settings)
-
-
-def _on_warm_server(warm: tuple[str, str], application: str, args: list[str], env: Mapping[str, str],
-                    step: str = "") -> None:
-    """Run ``application args`` as a client of the warm server ``warm`` (from ``_spark_way``)."""
-    url, shown = warm
-    log.info("Spark: a client of the warm Spark Connect server %s (no JVM start in this task)%s", shown,
-             f": {step}" if step else "")
-    _as_client(application, args, {**os.environ, **env, "TRAFFIC_SPARK_MASTER": url}, shown)
-
-
-def run_spark_step(task, submit: Callable[[], Any]) -> Any:
-    """``execute`` of a DAG's Spark step: its job as a client of the warm Spark Connect server (setting
-    ``spark_connect``) while that server answers, so the task starts no JVM; else ``submit()``, the
-    operator's own spark-submit. The task log says which, and why."""
-    warm = _spark_way(settings_from_env())
-    if warm is None:
-        return submit()
-    _on_warm_server(warm, task.application, list(task.application_args or []), task.env_vars or {})
-    return None
 
 
 CLOSE_JOB = Path(__file__).resolve().parents[2] / "jobs" / "close.py"
@@ -207,9 +86,9 @@ class CloseSteps:
     def run(self, args: list[str], step: str) -> str:
         """``close.py args`` as Spark; returns how it ran ("warm server" or "spark-submit")."""
         if self._warm is False:
-            self._warm = _spark_way(self.settings)
+            self._warm = spark_way(self.settings)
         if self._warm:
-            _on_warm_server(self._warm, str(CLOSE_JOB), args, spark_submit_env(), step)
+            on_warm_server(self._warm, str(CLOSE_JOB), args, spark_submit_env(), step)
             return "warm server"
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
@@ -369,7 +248,7 @@ def close_interval(interval_end: Any, run_type: Any, spark: Callable[[str, list[
     it; ``freeze``, ``day``, ``month`` give each step's outcome; ``spark``: how Spark ran, if it did).
     """
     settings = settings_from_env()
-    end = as_utc(interval_end)
+    end = airflow_time(interval_end)
     run_type = str(getattr(run_type, "value", run_type))  # the task SDK's DagRunType: "backfill", "scheduled", …
     spark = spark or CloseSteps(settings)
     until = ["--until", end.isoformat()]
@@ -414,9 +293,9 @@ def say_freeze_bound(run_type: str, interval_end: Any) -> None:
     """Log how far this run's freeze goes: its interval end, or (a backfill run) the watermark."""
     if run_type == "backfill":  # DagRunType.BACKFILL_JOB's value
         log.info("backfill run: freezing every hour the watermark has closed, not only up to %s, so this "
-                 "backfill's later runs find their hours final and only re-check them", _fmt(as_utc(interval_end)))
+                 "backfill's later runs find their hours final and only re-check them", _fmt(airflow_time(interval_end)))
     else:
-        log.info("freezing the closed hours up to %s", _fmt(as_utc(interval_end)))
+        log.info("freezing the closed hours up to %s", _fmt(airflow_time(interval_end)))
 
 
 # -- the checks the sensors and short-circuits ask ------------------------------------------
@@ -426,7 +305,7 @@ def watermark_sensor(interval_end: Any) -> bool:
     from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
 
     settings = settings_from_env()
-    end = as_utc(interval_end)
+    end = airflow_time(interval_end)
     current = orchestration.watermark(settings)
     passed = orchestration.watermark_reached(current, end)
     log.info("watermark %s; this interval ends %s: %s", _fmt(current), _fmt(end),
@@ -476,7 +355,7 @@ def expire_raw_detail(interval_end: Any, spark: Callable[[str, list[str]], StepR
     from traffic.storage.warehouse import Warehouse  # deferred: DAG parsing stays light
 
     settings = settings_from_env()
-    end = as_utc(interval_end)
+    end = airflow_time(interval_end)
     pending = Warehouse.reader(settings).exists() and \
         pending_batch(settings.warehouse) is not None
 
@@ -527,7 +406,7 @@ def publish_data_quality(interval_start: Any, interval_end: Any) -> dict:
     from traffic.orchestration import conditions as orchestration  # deferred: DAG parsing stays light
 
     settings = settings_from_env()
-    start, end = as_utc(interval_start), as_utc(interval_end)
+    start, end = airflow_time(interval_start), airflow_time(interval_end)
     rows = interval_periods(settings, start, end)
     first_hour = _first_hour(settings)
     if first_hour is not None and first_hour < end and not orchestration.hours_final_until(settings, end):
