@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/captures.py --packets 2000000 [--out docs/benchmarks-captures.md]
 
-Times (1) ``traffic.io.captures.parse_capture`` alone, (2) the in-session Spark ingest of the
+Times (1) ``traffic.io.capture.parse_capture`` alone, (2) the in-session Spark ingest of the
 file into ``packets``, (3) ``tshark -q -z conv,ip`` on the same file (the peer the
 performance issue names) and (4) tshark's per-packet fields, and checks that per
 (local, remote) pair packet and byte totals are identical to tshark's per-packet fields.

@@ -10,7 +10,16 @@ Rules (README, "How it is built"):
   (``# deferred: …``), e.g. to keep Great Expectations, Spark or Airflow out of a light path;
 * executor code (``EXECUTOR_ENTRIES`` and what they import) never imports a driver-side
   module (``EXECUTOR_SAFE`` lists what it may use);
-* at most ``MAX_LAYERS`` layers of modules.
+* at most ``MAX_LAYERS`` layers of rooms, counted over the imports a module needs to run. A room is a
+  module of a subpackage, or a folder that holds one room split by role into files (``traffic/io/flows/``,
+  ``traffic/accounting/close/``): a split adds files, not layers; inside a room imports still may not loop.
+  An import
+  whose names appear only in annotations (the module has ``from __future__ import annotations``, so they
+  are never evaluated) still has to point down, but adds no layer — a step that takes a ``Warehouse``
+  argument does not sit above the warehouse's door;
+* no module in ``traffic`` longer than ``MAX_LINES`` unless ``LONG_FILES`` names it, with the reason;
+* a rule that has a home is defined only there (``HOMES``): e.g. the 5-minute pane is
+  ``traffic.core.periods.PANE``, and no other module spells it as its own constant.
 
 The test suite runs it (``tests/unit/test_import_layers.py``).
 """
@@ -26,10 +35,11 @@ PACKAGE = "traffic"
 #: Lower numbers sit lower; equal numbers may import each other's modules (without loops).
 RANKS = {"core": 0, "io": 1, "storage": 1, "runtime": 1, "accounting": 2, "quality": 2, "reporting": 3,
          "app": 4, "orchestration": 4}
-#: 9 until the Delta layer was split (issue 35): its door (``storage.warehouse``) now sits over the engines,
-#: the tables' shared reads and the keys, three layers where one ``delta.py`` was. Annotation-only imports of
-#: ``Warehouse`` (``storage.state`` and every module above it) still count; issue 37 is to bring it down.
-MAX_LAYERS = 12
+#: Layers of modules, counted over the imports each needs at run time (annotation-only ones do not count).
+MAX_LAYERS = 9
+#: No module longer than this (lines) unless listed in ``LONG_FILES`` with the reason.
+MAX_LINES = 600
+LONG_FILES: dict[str, str] = {}
 #: Code that runs on Spark executors, and what it may import (never a driver-side step, report or app).
 EXECUTOR_ENTRIES = ("traffic.accounting.batch_tasks", "traffic.accounting.freeze_tasks")
 EXECUTOR_SAFE = ("traffic.core", "traffic.io", "traffic.storage", "traffic.accounting.parts",
@@ -71,8 +81,44 @@ def _target(node: ast.ImportFrom | ast.Import, name: str, known: dict[str, Path]
     return [m for m in out if not any(o != m and o.startswith(m + ".") for o in out)] or out
 
 
-def graph(root: Path = ROOT) -> tuple[dict[str, set[str]], list[str]]:
-    """Module → modules it imports (anywhere in it); and the problems with imports inside functions."""
+def _annotation_only(tree: ast.Module) -> set[int]:
+    """The import statements of a module whose every name is used in annotations only (``id`` of each),
+    when the module postpones annotations (``from __future__ import annotations``): they are never run."""
+    postponed = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and
+                    any(a.name == "annotations" for a in n.names) for n in tree.body)
+    if not postponed:
+        return set()
+    in_annotations: set[int] = set()
+    for node in ast.walk(tree):
+        annotations = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            annotations = [a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs,
+                                                  args.vararg, args.kwarg) if a is not None] + [node.returns]
+        elif isinstance(node, ast.AnnAssign):
+            annotations = [node.annotation]
+        for annotation in annotations:
+            if annotation is not None:
+                in_annotations.update(id(n) for n in ast.walk(annotation))
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in in_annotations}
+    used |= {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+             and id(n) not in in_annotations}
+    annotated = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) in in_annotations}
+    only = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not (isinstance(node, ast.ImportFrom) and
+                                                                   node.module == "__future__"):
+            bound = [(a.asname or a.name).split(".")[0] for a in node.names]
+            # Used in annotations and nowhere else; a name used nowhere is a re-export (a package's
+            # ``__init__``), which runs.
+            if bound and not any(name in used for name in bound) and any(name in annotated for name in bound):
+                only.add(id(node))
+    return only
+
+
+def graph(root: Path = ROOT, runtime: bool = False) -> tuple[dict[str, set[str]], list[str]]:
+    """Module → modules it imports (anywhere in it); and the problems with imports inside functions.
+    ``runtime``: only the imports the module needs to run (not those used in annotations only)."""
     known = modules(root)
     edges: dict[str, set[str]] = {name: set() for name in known}
     problems = []
@@ -80,12 +126,16 @@ def graph(root: Path = ROOT) -> tuple[dict[str, set[str]], list[str]]:
         source = path.read_text()
         lines = source.splitlines()
         tree = ast.parse(source)
+        skipped = _annotation_only(tree) if runtime else set()
+        if not runtime and len(lines) > MAX_LINES and name not in LONG_FILES:
+            problems.append(f"{path.relative_to(root)}: {len(lines)} lines (at most {MAX_LINES} unless LONG_FILES "
+                            "names it, with the reason)")
         inside = set()
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 inside.update(id(n) for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom)))
         for node in ast.walk(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in skipped:
                 continue
             targets = [t for t in _target(node, name, known) if t != name]
             edges[name].update(targets)
@@ -134,6 +184,19 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def room(name: str) -> str:
+    """The room a module belongs to: ``traffic.<subpackage>.<module or folder>``."""
+    return ".".join(name.split(".")[:3])
+
+
+def rooms(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph seen room to room (imports inside a room left out)."""
+    out: dict[str, set[str]] = {}
+    for source, targets in edges.items():
+        out.setdefault(room(source), set()).update(room(t) for t in targets if room(t) != room(source))
+    return out
+
+
 def layers(edges: dict[str, set[str]]) -> dict[str, int]:
     """Each module's layer: 1 + the highest layer it imports (0 for a module importing none)."""
     memo: dict[str, int] = {}
@@ -171,14 +234,58 @@ def problems(root: Path = ROOT) -> list[str]:
     for v in sorted(reach):
         if v != PACKAGE and not any(v == s or v.startswith(s + ".") for s in EXECUTOR_SAFE):
             found.append(f"executor code reaches driver-side module {v}")
-    depth = layers(edges)
+    depth = layers(rooms(graph(root, runtime=True)[0]))
     if max(depth.values(), default=0) + 1 > MAX_LAYERS:
         found.append(f"{max(depth.values()) + 1} layers of imports (at most {MAX_LAYERS})")
+    found.extend(homeless_rules(root))
+    return found
+
+
+def _pane_literal(node: ast.AST) -> bool:
+    """A module-level constant named for the pane and spelled as a number or ``timedelta(...)`` of numbers."""
+    if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+        return False
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    if not any(isinstance(t, ast.Name) and "PANE" in t.id.upper() for t in targets):
+        return False
+    return all(isinstance(n, (ast.Constant, ast.Call, ast.keyword, ast.BinOp, ast.operator, ast.UnaryOp,
+                              ast.unaryop, ast.Load)) or (isinstance(n, ast.Name) and n.id == "timedelta")
+               for n in ast.walk(node.value))
+
+
+def _defines(*names: str):
+    def found(node: ast.AST) -> bool:
+        return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names
+    return found
+
+
+#: Rules with one home: (what the rule is, its home module, the modules it governs, what a copy looks like).
+HOMES = [
+    ("the 5-minute pane", "traffic.core.periods", "traffic", _pane_literal),
+    ("a time in UTC", "traffic.core.periods", "traffic", _defines("_utc", "utc", "as_utc", "_as_utc", "to_utc")),
+    ("the watermark's rule", "traffic.orchestration.conditions", "traffic", _defines("watermark_passed")),
+    ("byte gathering and hex excerpts", "traffic.io.bytes", "traffic.io",
+     _defines("_gather", "gather", "_hex", "hex_excerpt", "_hex_excerpts", "hex_excerpts")),
+]
+
+
+def homeless_rules(root: Path = ROOT) -> list[str]:
+    """One line for each copy of a rule outside its home."""
+    found = []
+    for name, path in modules(root).items():
+        tree = None
+        for rule, home, scope, copy in HOMES:
+            if name == home or not (name == scope or name.startswith(scope + ".")):
+                continue
+            tree = tree or ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if copy(node) and (not isinstance(node, (ast.Assign, ast.AnnAssign)) or node in tree.body):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: defines {rule} again (its home is {home})")
     return found
 
 
 def main(argv: list[str] | None = None) -> int:
-    edges, _ = graph()
+    edges = rooms(graph(runtime=True)[0])
     depth = layers(edges)
     for level in range(max(depth.values(), default=0) + 1):
         print(f"layer {level + 1}: " + ", ".join(sorted(m for m, d in depth.items() if d == level)))

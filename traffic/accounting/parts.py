@@ -29,7 +29,7 @@ HOURLY_PARTS = pa.schema([("hour", _TS), ("local_ip", pa.string()), ("remote_ip"
                           ("bytes", pa.int64()), ("packets", pa.int64()), ("bytes_in", pa.int64()),
                           ("bytes_out", pa.int64())])
 #: Per-address pane parts, which ingest tasks left before they attributed panes themselves: a batch
-#: interrupted after its first commit by an earlier version still has them (``ingest``'s ``_account_parts``).
+#: interrupted after its first commit by an earlier version still has them (``ingest.writes.account_pane_parts``).
 ADDRESS_PANE_PARTS = pa.schema([("pane_start", _TS), ("source", pa.string()), ("local_ip", pa.string()),
                                 ("direction", pa.string()), ("bytes", pa.int64()), ("packets", pa.int64())])
 REJECT_ROWS = pa.schema([("source", pa.string()), ("input_file", pa.string()), ("record", pa.string()),

@@ -13,7 +13,7 @@ tshark or tcpdump. The format is the plainest one those tools read:
   computed too (required for IPv6, harmless for IPv4), so dissectors raise no warnings.
 
 Only what the collector itself writes is produced here; reading (of these files and of captures
-of export traffic made by other tools) is ``traffic.io.captures.udp_datagrams``.
+of export traffic made by other tools) is ``traffic.io.capture.udp_datagrams``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Input readers: bytes of one inbox file (or a line-aligned chunk of it) → ``PARSED_SCHEMA`` rows.
 
 Formats (DESIGN §7): router-feed CSV (``traffic.io.router_feed``), CSV with a header and JSON lines
-(``traffic.io.named_columns``), and pcap/pcapng captures (``traffic.io.captures``). Text is judged
+(``traffic.io.named_columns``), and pcap/pcapng captures (``traffic.io.capture``). Text is judged
 column-wise with Arrow compute kernels (``traffic.io.text_judging``). A bad record becomes a
 ``reject`` row with a reason; it never stops the file.
 """
