@@ -390,7 +390,7 @@ def write_doc(path: Path, info: dict, results: list[dict], failures: list[str]) 
         "```",
         "",
         "Per size: ONE process, ONE SparkSession (`traffic.runtime.spark.build_spark`, timed apart, started once and "
-        "reused by later sizes) running `traffic.accounting.ingest.ingest` then `traffic.accounting.close.close` with "
+        "reused by later sizes) running `traffic.accounting.ingest.ingest` then `traffic.app.runs.close` with "
         "`load_settings(environ={}, overrides={warehouse, inbox, now})`; the phase times are the `seconds` "
         "dicts those return, and *plan* rows are wall time minus those phases. Then the same inbox (fresh copy, "
         "fresh warehouse) through `traffic run --warehouse W --inbox I --set now=…` as a separate process.",

@@ -165,7 +165,7 @@ def refresh_alerts(warehouse: Warehouse, hours: list[datetime], judged: list[dic
     published = published_hours(warehouse, judged)
     fresh = {(p.start_utc, p.end_utc): evaluate_period(warehouse, p, published, first_hour, mapping) for p in periods}
     checked = [(p, fresh[(p.start_utc, p.end_utc)]) for p in periods if fresh[(p.start_utc, p.end_utc)]]
-    failures = []  # also found in ``check`` (``close.alert_failures``)
+    failures = []  # also found in ``check`` (``close.freeze.raise_alerts``)
     if checked:
         check.validate("alerts", check_frame([row for _, rows in checked for row in rows]),
                        [("alert", p.start_utc) for p, _ in checked], asset="alerts.freeze")
