@@ -73,12 +73,7 @@ def roll_up_days(settings: Settings, warehouse: Warehouse, days: list[date], fro
         for row in changed:
             hours[row["period_start"]] = row
             failures.append(check.message("hour", row["period_start"]))
-    rollable = []
-    for start in starts:
-        needed = hours_of_day(start, state.first_hour or start)
-        if not all(_published(hours.get(h)) for h in needed):
-            break
-        rollable.append(start)
+    rollable = _ready(starts, lambda day: hours_of_day(day, state.first_hour or day), hours)
     day_rows = []
     if rollable:
         in_days = F.to_date("hour").isin([s.date() for s in rollable])
@@ -92,6 +87,17 @@ def roll_up_days(settings: Settings, warehouse: Warehouse, days: list[date], fro
 
 
 _ROLLED_UP = {"day": "daily", "month": "monthly"}
+
+
+def _ready(periods: list, parts_of, ledger: dict) -> list:
+    """The leading ``periods`` each of whose parts (the hours of a day, the days of a month) is published in
+    ``ledger``; the first that is not holds back every later one, as roll-ups go in order."""
+    ready = []
+    for period in periods:
+        if not all(_published(ledger.get(part)) for part in parts_of(period)):
+            break
+        ready.append(period)
+    return ready
 
 
 def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[datetime], finer, period_of,
@@ -179,12 +185,7 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
             days[row["period_start"]] = row
             failures.append(check.message("day", row["period_start"]))
     state = st.read_clock_state(warehouse)
-    rollable = []
-    for month in months:
-        needed = days_of_month(month, state.first_hour or month)
-        if not all(_published(days.get(d)) for d in needed):
-            break
-        rollable.append(month)
+    rollable = _ready(months, lambda month: days_of_month(month, state.first_hour or month), days)
     month_rows = []
     if rollable:
         of_months = daily.where(F.trunc("day", "month").isin([m.date() for m in rollable]))
