@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.parse
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -117,17 +118,39 @@ def _iso(text: str) -> str:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC).isoformat()
 
 
-def _ingest_runs_finish(stack: Stack, timeout: float) -> None:
-    for run in stack.api.runs("traffic_ingest"):
-        if run["state"] not in ("success", "failed"):
-            stack.api.wait_run("traffic_ingest", run["dag_run_id"], timeout=timeout)
+#: Task states of work under way: a run with one of these will end by itself, paused or not.
+IN_FLIGHT = {"queued", "running", "up_for_retry", "up_for_reschedule", "restarting", "deferred"}
+
+
+def _ingest_runs_finish(stack: Stack, timeout: float, paused: bool = False) -> None:
+    """Every unfinished `traffic_ingest` run ends. With the DAG ``paused``, Airflow's scheduler neither queues
+    a task of it nor closes its runs: a run the schedule made just before the pause, none of whose tasks is
+    under way, would wait forever. One with a task not started has not ingested (``ingest`` is its last
+    task): it is deleted, and its files go to the next run; one whose tasks all ended gets the state the
+    scheduler would give it. A run at work ends by itself."""
+    api, deadline = stack.api, time.monotonic() + timeout
+    for run in api.runs("traffic_ingest"):
+        run_id = run["dag_run_id"]
+        path = f"/api/v2/dags/traffic_ingest/dagRuns/{urllib.parse.quote(run_id)}"
+        while run["state"] not in ("success", "failed"):
+            states = set(api.task_states("traffic_ingest", run_id).values())
+            if paused and not IN_FLIGHT & states:
+                if states & {None, "scheduled"}:
+                    api.delete(path)
+                else:
+                    api.patch(path, {"state": "failed" if states & {"failed", "upstream_failed"} else "success"})
+                break
+            if time.monotonic() > deadline:
+                api.wait_run("traffic_ingest", run_id, timeout=0)  # fails, saying where every task is
+            time.sleep(2)
+            run = api.run("traffic_ingest", run_id)
 
 
 def deliver_and_trigger(stack: Stack, files: dict[str, bytes], timeout: float = 900) -> dict:
     """Deliver ``files`` while `traffic_ingest` is paused (so no scheduled batch takes half of them), then
     unpause and trigger it; the triggered run."""
     stack.api.patch("/api/v2/dags/traffic_ingest", {"is_paused": True})
-    _ingest_runs_finish(stack, timeout)
+    _ingest_runs_finish(stack, timeout, paused=True)
     stack.deliver(files)
     stack.api.unpause("traffic_ingest")
     return stack.api.post("/api/v2/dags/traffic_ingest/dagRuns", {"logical_date": None})

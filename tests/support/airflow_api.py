@@ -67,6 +67,9 @@ class AirflowApi:
     def patch(self, path: str, body):
         return self._send("PATCH", path, body)
 
+    def delete(self, path: str):
+        return self._send("DELETE", path)
+
     def unpause(self, dag_id: str) -> None:
         self.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
 
