@@ -12,7 +12,6 @@ import bisect
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -147,9 +146,6 @@ class Table:
     def staging(self) -> Staged:
         """A fresh folder for files to be committed later (``append``/``replace`` the returned handle); each
         engine stages where its commits want the files."""
-        raise self._read_only()
-
-    def _staging_folder(self) -> Path:
         raise self._read_only()
 
     def _read_only(self) -> StorageError:
