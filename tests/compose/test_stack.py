@@ -22,6 +22,7 @@ not to a test run beside others.)
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -56,8 +57,10 @@ def say(record_property, line: str) -> None:
     record_property("figure", line)
 
 
+@functools.cache
 def midnight() -> datetime:
-    """Two days back: finished intervals (backfills take no others), well within max_history."""
+    """Two days back: finished intervals (backfills take no others), well within max_history. Read once per
+    run, so that tests on either side of midnight UTC agree on the day."""
     return datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=2)
 
 

@@ -406,10 +406,13 @@ def backfills(airflow, browser) -> Backfills:
     while not api.runs("traffic_hourly", run_type="scheduled"):  # the live run unpausing makes
         assert time.monotonic() < deadline, "unpausing traffic_hourly made no live run in 60 s"
         time.sleep(1)
+    # Read the clock once: a run that crosses midnight UTC must not skip a day between two repeats (seen in
+    # CI: repeat 6 started the day after repeat 5, so day 5 was left for it and it rolled up two days).
+    first = first_midnight()
     with logged_in(browser, airflow) as page:
         for index in range(REPEATS):
             clock, seconds = time.monotonic(), {}
-            midnight = first_midnight() + timedelta(days=index)
+            midnight = first + timedelta(days=index)
             start = midnight - timedelta(hours=HOURS_BEFORE_MIDNIGHT)
             end = midnight + timedelta(hours=HOURS_AFTER_MIDNIGHT)
             expected = write_router_feed(airflow.inbox / "edge" / f"feed-{start:%Y%m%dT%H}.csv", start, end, seed=4)
