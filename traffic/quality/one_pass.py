@@ -3,12 +3,14 @@
 A row suite (``packets``, ``hourly``, ``panes``, …: ``meta.engine = "spark"``) is compiled once per
 process into ``Rule``s, each a Spark condition that is true exactly for the rows Great Expectations
 would count as unexpected (its map metrics' semantics: a null is "missing", not unexpected, except for
-``not_be_null``). ``measure`` then reads a period's rows once — one aggregation, grouped by period —
-and yields, for each rule and period, the rows that break it and, for a range rule, the smallest and
-largest value among them. A suite with a key (``expect_compound_columns_to_be_unique``) is grouped by
-period and key first, in the same job: uniqueness is "rows = distinct keys", the rows of a key seen more
-than once being its unexpected rows, never a window function. Example rows are read only for a rule
-that failed (``examples``), a few per period.
+``not_be_null``). ``measure`` then reads a period's rows in one aggregation, grouped by period, that yields for each
+rule and period the rows breaking it and, for a range rule, the smallest and largest value among
+them. A suite with a key (``expect_compound_columns_to_be_unique``) also has its uniqueness counted as
+"rows = distinct keys", exactly and without a window function: keys are hashed and grouped, and only
+rows whose hash repeats are grouped again by the key itself (``_duplicated``). One aggregation of
+both kinds was measured slower (6.3–6.9 s against 4.5 s for 1.35 M hourly rows): it carries every
+rule's sums through the grouping by key. Example rows are read only for a rule that failed
+(``examples``), a few per period.
 
 GX still judges: ``judged_frame`` turns the pass into one small table (a row per period and rule) that
 ``suites.Validation`` validates with a suite of standard expectations built from the original, one per
@@ -120,7 +122,6 @@ class Measured:
     broken: dict[tuple[str, datetime], int] = field(default_factory=dict)
     low: dict[tuple[str, datetime], Any] = field(default_factory=dict)
     high: dict[tuple[str, datetime], Any] = field(default_factory=dict)
-    keys: dict[datetime, int] = field(default_factory=dict)  # distinct keys, for a suite with a key
 
     def failed(self) -> dict[str, list[datetime]]:
         """Rule key -> the periods it failed for."""
@@ -132,65 +133,74 @@ class Measured:
 
 
 def measure(frame, rules: list[Rule], period_column: str) -> Measured:
-    """One aggregation over ``frame``: for each period its rows and, per rule, the rows breaking it."""
+    """For each period of ``frame`` its rows and, per rule, the rows breaking it: one aggregation of every row
+    rule grouped by period, and the key's uniqueness (``_duplicated``) beside it."""
     from pyspark.sql import functions as F
 
-    period = F.col(period_column)
     unique = next((r for r in rules if r.unique), None)
     row_rules = [r for r in rules if not r.unique]
-    flags = {r.key: F.when(r.broken(), F.lit(1)).otherwise(F.lit(0)) for r in row_rules}
-    ranged = [r for r in row_rules if r.kind == "expect_column_values_to_be_between"]
-
-    def extremes():
-        """Smallest and largest breaking value of each range rule."""
-        out = []
-        for r in ranged:
-            value = F.when(r.broken(), F.col(r.column))
-            out += [F.min(value).alias(f"{r.key}_low"), F.max(value).alias(f"{r.key}_high")]
-        return out
-
-    if unique is None:
-        totals = frame.groupBy(period.alias("_period")).agg(
-            F.count(F.lit(1)).alias("_rows"),
-            *[F.sum(flag).alias(key) for key, flag in flags.items()],
-            *extremes())
-    else:
-        columns = list(unique.kwargs["column_list"])
-        by_key = frame.groupBy(period.alias("_period"), *[F.col(c).alias(f"_k{i}") for i, c in enumerate(columns)],
-                               _skipped(unique).alias("_skipped")).agg(
-            F.count(F.lit(1)).alias("_n"),
-            *[F.sum(flag).alias(key) for key, flag in flags.items()],
-            *extremes())
-        part_columns = ["_period", "_n", *flags, *[f"{r.key}_{end}" for r in ranged for end in ("low", "high")]]
-        if period_column in columns:
-            by_key = by_key.withColumn("_key_rows", F.col("_n"))  # a key lies in one period
-        else:
-            # A key may span periods: its rows are counted across all of them, each attributed to its own.
-            keys = [f"_k{i}" for i in range(len(columns))]
-            by_key = (by_key.groupBy(*keys, "_skipped")
-                      .agg(F.sum("_n").alias("_key_rows"), F.collect_list(F.struct(*part_columns)).alias("_parts"))
-                      .select("_skipped", "_key_rows", F.explode("_parts").alias("_part"))
-                      .select("_skipped", "_key_rows", *[F.col(f"_part.{c}").alias(c) for c in part_columns]))
-        counted = ~F.col("_skipped")
-        totals = by_key.groupBy("_period").agg(
-            F.sum("_n").alias("_rows"),
-            F.sum(F.when(counted, 1).otherwise(0)).alias("_keys"),
-            F.sum(F.when(counted & (F.col("_key_rows") > 1), F.col("_n")).otherwise(0)).alias(unique.key),
-            *[F.sum(key).alias(key) for key in flags],
-            *[agg(F.col(f"{r.key}_{end}")).alias(f"{r.key}_{end}") for r in ranged
-              for end, agg in (("low", F.min), ("high", F.max))])
+    aggregates = [F.count(F.lit(1)).alias("_rows")]
+    for r in row_rules:
+        aggregates.append(F.sum(F.when(r.broken(), F.lit(1)).otherwise(F.lit(0))).alias(r.key))
     measured = Measured()
-    for row in totals.collect():
+    for row in frame.groupBy(F.col(period_column).alias("_period")).agg(*aggregates).collect():
         at = as_period(row["_period"])
         measured.rows[at] = int(row["_rows"])
-        if unique is not None:
-            measured.keys[at] = int(row["_keys"])
-            measured.broken[(unique.key, at)] = int(row[unique.key] or 0)
         for r in row_rules:
             measured.broken[(r.key, at)] = int(row[r.key] or 0)
+    if unique is not None:
+        duplicated = _duplicated(frame, unique, period_column)
+        for at in measured.rows:
+            measured.broken[(unique.key, at)] = duplicated.get(at, 0)
+    _breaking_ranges(frame, [r for r in row_rules if r.kind == "expect_column_values_to_be_between"], measured,
+                     period_column)
+    return measured
+
+
+def _breaking_ranges(frame, ranged: list[Rule], measured: Measured, period_column: str) -> None:
+    """The smallest and largest breaking value of each range rule that failed, per period (read only when
+    one did: the pass itself carries counts alone)."""
+    from pyspark.sql import functions as F
+
+    failed = measured.failed()
+    ranged = [r for r in ranged if r.key in failed]
+    if not ranged:
+        return
+    aggregates = []
+    for r in ranged:
+        value = F.when(r.broken(), F.col(r.column))
+        aggregates += [F.min(value).alias(f"{r.key}_low"), F.max(value).alias(f"{r.key}_high")]
+    periods = sorted({p for r in ranged for p in failed[r.key]})
+    for row in (frame.where(F.col(period_column).isin(periods)).groupBy(F.col(period_column).alias("_period"))
+                .agg(*aggregates).collect()):
+        at = as_period(row["_period"])
         for r in ranged:
             measured.low[(r.key, at)], measured.high[(r.key, at)] = row[f"{r.key}_low"], row[f"{r.key}_high"]
-    return measured
+
+
+def _duplicated(frame, unique: Rule, period_column: str) -> dict[datetime, int]:
+    """Per period, the rows whose key is seen more than once (GX's unexpected rows of a compound uniqueness):
+    rows = distinct keys, exactly, without a window function.
+
+    Every row's key is hashed (64 bits) and the hashes grouped: a hash seen once is a key seen once, so
+    where no hash repeats the key is unique, proven. Only rows whose hash repeats (a duplicate, or two keys
+    that collide) are grouped again by the key itself, across periods, each row attributed to its own.
+    """
+    from pyspark.sql import functions as F
+
+    columns = list(unique.kwargs["column_list"])
+    counted = frame.where(~_skipped(unique)).withColumn("_h", F.xxhash64(*[F.col(c) for c in columns]))
+    repeated = [row["_h"] for row in counted.groupBy("_h").agg(F.count(F.lit(1)).alias("_n"))
+                .where(F.col("_n") > 1).select("_h").collect()]
+    if not repeated:
+        return {}
+    suspects = counted.where(F.col("_h").isin(repeated))
+    keys = [F.col(c).alias(f"_k{i}") for i, c in enumerate(columns)]
+    seen = suspects.groupBy(*keys).agg(F.count(F.lit(1)).alias("_n")).where(F.col("_n") > 1)
+    rows = suspects.select(F.col(period_column).alias("_period"), *keys)
+    joined = rows.join(seen, on=[rows[f"_k{i}"].eqNullSafe(seen[f"_k{i}"]) for i in range(len(columns))])
+    return {as_period(row["_period"]): int(row["_rows"])
+            for row in joined.groupBy("_period").agg(F.count(F.lit(1)).alias("_rows")).collect()}
 
 
 def _skipped(unique: Rule):
@@ -225,11 +235,11 @@ def examples(frame, rule: Rule, periods: list[datetime], period_column: str, lim
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    if rule.unique:  # the rows of keys seen more than once (a window is fine here: only on failure)
+    if rule.unique:  # rows of keys seen more than once
         columns = list(rule.kwargs["column_list"])
-        rows = (frame.where(~_skipped(rule)).withColumn("rows_with_key", F.count(F.lit(1)).over(Window.partitionBy(*columns)))
-                .where(F.col("rows_with_key") > 1).select(F.col(period_column).alias("_period"), *columns,
-                                                            "rows_with_key"))
+        kept = frame.where(~_skipped(rule))
+        seen = kept.groupBy(*columns).agg(F.count(F.lit(1)).alias("rows_with_key")).where(F.col("rows_with_key") > 1)
+        rows = kept.select(F.col(period_column).alias("_period"), *columns).join(seen, on=columns)
     else:
         rows = frame.where(rule.broken()).withColumn("_period", F.col(period_column))
     rows = rows.where(F.col("_period").isin(periods))
