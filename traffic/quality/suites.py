@@ -12,7 +12,7 @@ the directions, address form and byte bounds the readers apply, defined once.
 One GX run per suite covers every period a step produces (all the hours a close freezes, all
 the days it rolls up). A row suite (the Spark tables) is evaluated in one pass over the rows
 (``one_pass``: one aggregation yields every rule's breaking rows per period, example rows are read
-only for a rule that failed) and GX judges that pass, a row per period and rule, so Data Docs show
+only for a rule that failed) and GX judges that pass, a verdict per period and rule, so Data Docs show
 each expectation with its count and examples. The ledger rows and reconciliation totals are built
 on the driver (one row per period) and validated with GX's pandas engine; there the first pass asks
 only pass/fail and a second collects the failing rows only if something failed. Every
