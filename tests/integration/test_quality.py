@@ -371,4 +371,4 @@ def test_data_docs_of_a_failed_hour_show_the_rule_its_observed_value_and_example
     assert "2026-10-31T22:00Z" in text and "10.0.0.9" in text  # the period and an example row
     assert text.count("[critical]") + text.count("[warning]") >= len(
         __import__("traffic.quality.suite_documents", fromlist=["x"]).suite_document("packets")["expectations"])
-    assert chromium_screenshot(pages[0], "data-docs-failed-hour.png", 1300, 2600)
+    assert chromium_screenshot(pages[0], "data-docs-failed-hour.png", 1300, 4300)

@@ -64,8 +64,9 @@ class Rule:
 
     @property
     def verdict_column(self) -> str:
-        """Its column in the table GX judges (``judged_frame``)."""
-        return f"{self.key}_verdict"
+        """Its column in the table GX judges (``judged_frame``): its label, which Data Docs title its section
+        with, and its place in the suite (labels need not be unique)."""
+        return f"{self.meta.get('label') or self.kind} [{self.key}]"
 
     @property
     def column(self) -> str | None:
