@@ -108,12 +108,18 @@ def test_clean_stream_passes_every_check(stages, spark, tmp_path):
     assert (docs / "index.html").exists() and list((docs / "validations").glob("*/*/*/*.html"))
 
 
-def test_negative_byte_count_in_packets_fails_the_hour_and_blocks_the_day(stages, spark, tmp_path):
+def _with_a_negative_packet(stages: Path, spark, tmp_path: Path) -> Harness:
+    """The ingested warehouse with one raw packet of -40 bytes in 22:00, which no micro-batch saw."""
     harness = _copy(stages, "ingested", tmp_path / "w", spark)
     Warehouse(harness.settings).table("packets").append(pa.Table.from_pylist([{
         "ts": H22 + timedelta(minutes=33), "source": "r1", "local_ip": "10.0.0.9", "remote_ip": "192.0.2.9",
         "local_port": 1, "remote_port": 2, "protocol": 6, "bytes": -40, "hour": H22, "batch_id": 1,
         "input_file": "part-00001.csv"}]))
+    return harness
+
+
+def test_negative_byte_count_in_packets_fails_the_hour_and_blocks_the_day(stages, spark, tmp_path):
+    harness = _with_a_negative_packet(stages, spark, tmp_path)
     with pytest.raises(CheckFailed) as caught:
         close(harness.settings, lambda: spark, None, _quiet)
     message = str(caught.value)
@@ -355,11 +361,7 @@ def test_data_docs_of_a_failed_hour_show_the_rule_its_observed_value_and_example
     """DESIGN §6a: the one pass feeds GX, and Data Docs show each expectation, what it saw, and the rows."""
     from tests.support.screenshots import chromium_screenshot
 
-    harness = _copy(stages, "ingested", tmp_path / "w", spark)
-    Warehouse(harness.settings).table("packets").append(pa.Table.from_pylist([{
-        "ts": H22 + timedelta(minutes=33), "source": "r1", "local_ip": "10.0.0.9", "remote_ip": "192.0.2.9",
-        "local_port": 1, "remote_port": 2, "protocol": 6, "bytes": -40, "hour": H22, "batch_id": 1,
-        "input_file": "part-00001.csv"}]))
+    harness = _with_a_negative_packet(stages, spark, tmp_path)
     with pytest.raises(CheckFailed):
         close(harness.settings, lambda: spark, None, _quiet, only=("freeze",))
     docs = harness.settings.warehouse / "_reports" / "data_docs" / "validations" / "packets"
