@@ -26,7 +26,6 @@ import functools
 import json
 import os
 import time
-import urllib.parse
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -134,7 +133,7 @@ def _ingest_runs_finish(stack: Stack, timeout: float, paused: bool = False) -> N
     api, deadline = stack.api, time.monotonic() + timeout
     for run in api.runs("traffic_ingest"):
         run_id = run["dag_run_id"]
-        path = f"/api/v2/dags/traffic_ingest/dagRuns/{urllib.parse.quote(run_id)}"
+        path = api.run_path("traffic_ingest", run_id)
         while run["state"] not in ("success", "failed"):
             states = set(api.task_states("traffic_ingest", run_id).values())
             if paused and not IN_FLIGHT & states:

@@ -77,17 +77,22 @@ class AirflowApi:
         params = "&".join(f"{k}={v}" for k, v in {"limit": 100, **query}.items())
         return self.get(f"/api/v2/dags/{dag_id}/dagRuns?{params}")["dag_runs"]
 
+    @staticmethod
+    def run_path(dag_id: str, run_id: str) -> str:
+        """The REST path of one DAG run (run ids hold ``:`` and ``+``: quoted)."""
+        return f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}"
+
     def run(self, dag_id: str, run_id: str) -> dict:
-        return self.get(f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}")
+        return self.get(self.run_path(dag_id, run_id))
 
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
-        tis = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances")
+        tis = self.get(f"{self.run_path(dag_id, run_id)}/taskInstances")
         return {t["task_id"]: t["state"] for t in tis["task_instances"]}
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value"):
         """A task's XCom, deserialized (None when the task pushed none)."""
         try:
-            value = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances/{task_id}"
+            value = self.get(f"{self.run_path(dag_id, run_id)}/taskInstances/{task_id}"
                              f"/xcomEntries/{key}?deserialize=true")["value"]
         except ApiError as error:
             if error.status == 404:
