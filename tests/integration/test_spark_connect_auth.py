@@ -104,7 +104,8 @@ from traffic.core.settings import load_settings
 from traffic.runtime.spark import build_spark
 try:
     spark = build_spark(load_settings(environ={}, overrides={"spark_master": sys.argv[1]}), "auth-test")
-    print("ran", spark.range(3).count())
+    from pyspark.sql import functions as F  # the classic module: it must dispatch to Connect for this session
+    print("ran", spark.range(3).where(F.lit(True)).count())
 except Exception as error:
     print("refused", type(error).__name__, str(error).replace("\\n", " ")[:400])
 """
@@ -121,7 +122,9 @@ def _network_client(url: str, token: str | None) -> str:
 
 def test_a_server_named_by_address_takes_the_token_as_a_plain_header_only_when_the_url_says_so(warm):
     """The compose stack's clients reach `spark-connect` by name over the stack's network: `use_ssl=false`
-    sends the token from SPARK_CONNECT_AUTHENTICATE_TOKEN as a plain header, and only the right one runs."""
+    sends the token from SPARK_CONNECT_AUTHENTICATE_TOKEN as a plain header, and only the right one runs.
+    The session it builds is a Connect session to pyspark too: `pyspark.sql.functions` (the module the
+    jobs import) send their columns to the server, not to a classic SparkContext the client has not got."""
     _, record, _ = warm
     url = f"sc://127.0.0.1:{record['port']}/;use_ssl=false"
     assert _network_client(url, record["token"]) == "ran 3"

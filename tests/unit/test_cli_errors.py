@@ -39,3 +39,22 @@ def test_every_subcommand_has_help():
     for command in COMMANDS:
         result = _traffic(command, "--help")
         assert result.returncode == 0 and "usage: traffic " + command in result.stdout
+
+
+def test_an_unexpected_error_without_a_message_names_where_it_was_raised(capsys):
+    """A library's bare ``assert`` has no message: the one line names the innermost frames instead, which
+    is how a Connect session's missing mode flag was found in the compose stack's logs."""
+    from argparse import Namespace
+
+    from traffic.app.exits import EXIT_BUG, unexpected
+
+    def inner():
+        raise AssertionError  # what a bare assert raises outside pytest (which rewrites asserts)
+
+    try:
+        inner()
+    except AssertionError as error:
+        assert unexpected(Namespace(command="close", debug=False), error) == EXIT_BUG
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("traffic close: failed: AssertionError: AssertionError at test_cli_errors.py:")
+    assert " inner <- test_cli_errors.py:" in line and line.count("\n") == 0

@@ -10,6 +10,7 @@ import errno
 import os
 import select
 import sys
+import traceback
 
 from traffic.core.text import printable
 
@@ -37,10 +38,17 @@ def unexpected(args, error: BaseException) -> int:
     """The last line of defence: one line, not a JVM trace (the details with ``--debug``)."""
     if getattr(args, "debug", False):
         raise error
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = str(error).strip().splitlines()[0] if str(error).strip() else f"{type(error).__name__} at {_where(error)}"
     print(f"traffic {args.command}: failed: {type(error).__name__}: {printable(first[:500])} (rerun with --debug)",
           file=sys.stderr)
     return EXIT_BUG
+
+
+def _where(error: BaseException, depth: int = 3) -> str:
+    """The innermost ``depth`` frames of ``error``'s traceback, innermost first (``file.py:line function``):
+    all a bare ``assert`` in a library leaves to go on when its message is empty."""
+    frames = traceback.extract_tb(error.__traceback__)[-depth:]
+    return " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames)) or "?"
 
 
 def reader_gone() -> bool:

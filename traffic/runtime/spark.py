@@ -129,6 +129,9 @@ def _connect(settings: Settings):
         from pyspark.sql.connect.session import SparkSession as ConnectSession  # deferred: with the session
 
         spark = ConnectSession.builder.channelBuilder(plain_channel_builder(settings.spark_master)).getOrCreate()
+        # what ``builder.remote`` does and this builder does not: without it ``pyspark.sql.functions``
+        # takes the classic path, which asserts a SparkContext this client has not got
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     else:
         spark = SparkSession.builder.remote(settings.spark_master).getOrCreate()
     for name, value in {**CONNECT_SESSION_CONF, "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
