@@ -21,7 +21,6 @@ import pytest
 
 from tests.support.harness import Harness, feed_line, tick_line
 from traffic.app import cli
-from traffic.quality import suites as quality
 from traffic.storage import state as st
 from traffic.accounting.close import CheckFailed
 from traffic.app.runs import close
@@ -109,12 +108,18 @@ def test_clean_stream_passes_every_check(stages, spark, tmp_path):
     assert (docs / "index.html").exists() and list((docs / "validations").glob("*/*/*/*.html"))
 
 
-def test_negative_byte_count_in_packets_fails_the_hour_and_blocks_the_day(stages, spark, tmp_path):
+def _with_a_negative_packet(stages: Path, spark, tmp_path: Path) -> Harness:
+    """The ingested warehouse with one raw packet of -40 bytes in 22:00, which no micro-batch saw."""
     harness = _copy(stages, "ingested", tmp_path / "w", spark)
     Warehouse(harness.settings).table("packets").append(pa.Table.from_pylist([{
         "ts": H22 + timedelta(minutes=33), "source": "r1", "local_ip": "10.0.0.9", "remote_ip": "192.0.2.9",
         "local_port": 1, "remote_port": 2, "protocol": 6, "bytes": -40, "hour": H22, "batch_id": 1,
         "input_file": "part-00001.csv"}]))
+    return harness
+
+
+def test_negative_byte_count_in_packets_fails_the_hour_and_blocks_the_day(stages, spark, tmp_path):
+    harness = _with_a_negative_packet(stages, spark, tmp_path)
     with pytest.raises(CheckFailed) as caught:
         close(harness.settings, lambda: spark, None, _quiet)
     message = str(caught.value)
@@ -247,9 +252,8 @@ def test_missing_source_is_a_warning_by_default_and_a_failure_when_configured(st
     _nothing_published_over(strict, OCT31)
 
 
-def test_large_batches_are_validated_by_gx_spark_engine_with_the_same_verdict(stages, spark, tmp_path, monkeypatch):
-    """Above ``DRIVER_ROWS`` the batch stays in Spark: the same suite finds the same row."""
-    monkeypatch.setattr(quality, "DRIVER_ROWS", 0)
+def test_an_oversized_ipv4_packet_is_found_by_the_one_pass_with_its_value(stages, spark, tmp_path):
+    """The one pass (DESIGN §6a) names the rule, the row count and the value, as GX's own engine did."""
     harness = _copy(stages, "ingested", tmp_path / "w", spark)
     Warehouse(harness.settings).table("packets").append(pa.Table.from_pylist([{
         "ts": H22 + timedelta(minutes=33), "source": "r1", "local_ip": "10.0.0.1", "remote_ip": "192.0.2.7",
@@ -351,3 +355,22 @@ def test_freeze_recomputes_the_same_with_arrow_tasks_as_with_spark(spark, tmp_pa
     finally:
         for frame in spark_side.cached:
             frame.unpersist()
+
+
+def test_data_docs_of_a_failed_hour_show_the_rule_its_observed_value_and_example_rows(stages, spark, tmp_path):
+    """DESIGN §6a: the one pass feeds GX, and Data Docs show each expectation, what it saw, and the rows."""
+    from tests.support.screenshots import chromium_screenshot
+
+    harness = _with_a_negative_packet(stages, spark, tmp_path)
+    with pytest.raises(CheckFailed):
+        close(harness.settings, lambda: spark, None, _quiet, only=("freeze",))
+    docs = harness.settings.warehouse / "_reports" / "data_docs" / "validations" / "packets"
+    pages = sorted(docs.rglob("*.html"))
+    assert len(pages) == 1, pages
+    text = pages[0].read_text()
+    assert "bytes ≥ 0" in text  # the rule, by its label
+    assert "1 row, min -40" in text  # what it saw in the failed hour
+    assert "2026-10-31T22:00Z" in text and "10.0.0.9" in text  # the period and an example row
+    assert text.count("[critical]") + text.count("[warning]") >= len(
+        __import__("traffic.quality.suite_documents", fromlist=["x"]).suite_document("packets")["expectations"])
+    assert chromium_screenshot(pages[0], "data-docs-failed-hour.png", 1300, 4300)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from traffic.quality.one_pass import compile_rules, judging_suite
 from traffic.quality.suite_documents import suite_document
 from traffic.storage.warehouse import Warehouse
 
@@ -105,12 +106,15 @@ def _suite(context, name: str):
         return context.suites.get(name)
     except Exception:  # noqa: BLE001 - GX raises its own not-found error type
         doc = suite_document(name)
+        if doc.get("meta", {}).get("engine", "spark") == "spark":  # a row suite: GX judges its one pass
+            doc = judging_suite(doc, compile_rules(doc))
         expectations = []
         for item in doc["expectations"]:
             meta = item.get("meta", {})
             severity = "completeness" if meta.get("severity") == "completeness" else (
                 "critical" if meta.get("critical") else "warning")
-            expectations.append({**item, "description": f"[{severity}] {meta.get('label', item['type'])}"})
+            described = item.get("description") or f"[{severity}] {meta.get('label', item['type'])}"
+            expectations.append({**item, "description": described})
         return context.suites.add(gx.ExpectationSuite(name=name, expectations=expectations, meta=doc.get("meta", {})))
 
 

@@ -10,13 +10,15 @@ stay plain column expectations. A value written ``{"$records": NAME}`` is ``traf
 the directions, address form and byte bounds the readers apply, defined once.
 
 One GX run per suite covers every period a step produces (all the hours a close freezes, all
-the days it rolls up). The first pass asks only pass/fail, which GX answers with one Spark
-aggregation for all column checks; only if something failed does a second pass collect the
-failing rows, which name the periods that failed and the values they failed with. The ledger
-rows and reconciliation totals are built on the driver (one row per period) and validated with
-GX's pandas engine. Every (expectation, period) lands in ``dq_results``; every run is rendered to
-GX's Data Docs under ``<warehouse>/_reports/data_docs``; the values a failed run collected are
-stored (and so rendered) markup-free, since GX writes them into its pages as raw HTML.
+the days it rolls up). A row suite (the Spark tables) is evaluated in one pass over the rows
+(``one_pass``: one aggregation yields every rule's breaking rows per period, example rows are read
+only for a rule that failed) and GX judges that pass, a verdict per period and rule, so Data Docs show
+each expectation with its count and examples. The ledger rows and reconciliation totals are built
+on the driver (one row per period) and validated with GX's pandas engine; there the first pass asks
+only pass/fail and a second collects the failing rows only if something failed. Every
+(expectation, period) lands in ``dq_results``; every run is rendered to GX's Data Docs under
+``<warehouse>/_reports/data_docs``; the values a failed run collected are stored (and so rendered)
+markup-free, since GX writes them into its pages as raw HTML.
 
 This module runs the suites of one step and decides each period's status; beside it are the suites
 as data (``suite_documents``), the GX context (``gx_context``), Data Docs (``data_docs``) and the
@@ -29,11 +31,13 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any, Iterable
 
 import pyarrow as pa
 
 from traffic.core.periods import month_start
+from traffic.quality import one_pass
 from traffic.quality.gx_context import gx_context, reports_dir, validation_definition
 from traffic.quality.suite_documents import Outcome, as_period, period_label, suite_document
 from traffic.storage.warehouse import Warehouse
@@ -42,10 +46,6 @@ UTC = timezone.utc
 #: Failing rows collected per expectation in the second pass; beyond it, failures are not attributed
 #: to single periods and every period of the batch fails (fail closed).
 SAMPLE_ROWS = 1000
-#: A Spark batch of at most this many rows is collected (Arrow) and validated by GX's pandas engine:
-#: same suite, same results, but no Spark job per metric (GX's Spark engine costs ~0.1–0.5 s per
-#: expectation even on ten rows). Larger batches are validated where they are, by GX's Spark engine.
-DRIVER_ROWS = 200_000
 
 
 @dataclass
@@ -82,29 +82,82 @@ class Validation:
 
     # -- running suites -----------------------------------------------------------------------
     def validate(self, suite: str, frame, periods: Iterable[tuple[str, datetime]], asset: str | None = None,
-                 table: str | None = None, rows: int | None = None) -> list[Outcome]:
-        """Run ``suite`` once over ``frame`` (Spark, or pandas for the ledger) and attribute results to periods.
+                 table: str | None = None) -> list[Outcome]:
+        """Run ``suite`` once over ``frame`` and attribute its results to ``periods``.
 
-        ``rows``: the frame's row count when the caller already knows it (spares a Spark job over it).
+        A row suite (``meta.engine = "spark"``, a Spark frame) is evaluated in one pass over the rows
+        (``one_pass``) and judged by GX from that pass; a ledger suite (a pandas frame built on the
+        driver, a row per period) is validated by GX's pandas engine directly.
         """
         import time
 
+        clock = time.perf_counter()
+        meta = suite_document(suite).get("meta", {})
+        periods = list(periods)
+        if meta.get("engine", "spark") == "spark":
+            outcomes, result, identifier = self._validate_rows(suite, meta, frame, periods, asset)
+        else:
+            outcomes, result, identifier = self._validate_ledger(suite, meta, frame, periods, asset)
+        self.identifiers.append(identifier)
+        self.outcomes += outcomes
+        if not result.success:
+            self.failed_runs.append((identifier, result))
+        self.seconds += time.perf_counter() - clock
+        return outcomes
+
+    def _run(self):
         from great_expectations.core.run_identifier import RunIdentifier
 
-        clock = time.perf_counter()
-        doc = suite_document(suite)
-        meta = doc.get("meta", {})
-        engine = meta.get("engine", "spark")
-        if engine == "spark":
-            if meta.get("view"):
-                frame = frame.selectExpr("*", *[f"{expr} AS `{name}`" for name, expr in meta["view"].items()])
-            if (frame.count() if rows is None else rows) <= DRIVER_ROWS:
-                frame, engine = _pandas(frame.toArrow()), "pandas"
+        return RunIdentifier(run_name=self.run_id, run_time=datetime.now(UTC))
+
+    def _validate_rows(self, suite: str, meta: dict, frame, periods: list[tuple[str, datetime]], asset):
+        """Every rule of a row suite over every row, in one pass; GX judges the pass (DESIGN §6a)."""
+        rules = suite_rules(suite)
+        if meta.get("view"):
+            frame = frame.selectExpr("*", *[f"{expr} AS `{name}`" for name, expr in meta["view"].items()])
+        column = meta["period_column"]
+        measured = one_pass.measure(frame, rules, column)
+        found = {}
+        by_key = {r.key: r for r in rules}
+        for key, bad in measured.failed().items():
+            for period, rows in one_pass.examples(frame, by_key[key], bad, column).items():
+                found[(key, period)] = rows
+        judged = one_pass.judged_frame(rules, measured, found, meta["grain"])
         context = gx_context(reports_dir(self.warehouse))
-        definition = validation_definition(context, suite, asset or f"{suite}.{self.step}", engine)
+        definition = validation_definition(context, suite, asset or f"{suite}.{self.step}", "pandas")
+        run = self._run()
+        result = definition.run(batch_parameters={"dataframe": judged}, run_id=run, result_format={
+            "result_format": "SUMMARY", "partial_unexpected_count": max(20, len(measured.rows)),
+            "unexpected_index_column_names": ["period"],
+            "return_unexpected_index_query": False})
+        identifier = self._identifier(suite, run, result)
+        labels = {period_label(meta["grain"], p): p for p in measured.rows}
+        wanted = set(periods)
+        outcomes = []
+        for item in result.results:
+            rule = by_key[item.expectation_config.meta["rule"]]
+            raised = (item.exception_info or {}).get("raised_exception")
+            failed: dict[tuple[str, datetime], str] = {}
+            if raised:
+                failed = {p: _could_not_run(item) for p in periods}
+            elif not item.success:
+                entries = (item.result or {}).get("partial_unexpected_index_list") or []
+                seen = {(meta["grain"], labels[e["period"]]): one_pass.observed(
+                    rule, measured, labels[e["period"]], found.get((rule.key, labels[e["period"]]), [])) for e in entries}
+                # Rows outside the periods being checked (should not happen): blame the whole batch.
+                failed = seen if set(seen) <= wanted else {p: "; ".join(sorted(set(seen.values()))) for p in periods}
+            outcomes += [Outcome(meta["table"], grain, start, suite, rule.name, (grain, start) not in failed,
+                                 failed.get((grain, start), "ok"), self._critical(rule.meta), self.run_id)
+                         for grain, start in periods]
+        return outcomes, result, identifier
+
+    def _validate_ledger(self, suite: str, meta: dict, frame, periods: list[tuple[str, datetime]], asset):
+        """A ledger suite over its small pandas frame; failing rows are collected only if something failed."""
+        context = gx_context(reports_dir(self.warehouse))
+        definition = validation_definition(context, suite, asset or f"{suite}.{self.step}", "pandas")
         index_columns = ["grain", "period_start"] if meta.get("period_column") == "period_start" else \
             [meta["period_column"]]
-        run = RunIdentifier(run_name=self.run_id, run_time=datetime.now(UTC))
+        run = self._run()
         parameters = {"completeness_min_panes": self.settings.completeness_min_panes}
         result = definition.run(batch_parameters={"dataframe": frame}, expectation_parameters=parameters,
                                 result_format="BOOLEAN_ONLY", run_id=run)
@@ -116,13 +169,7 @@ class Validation:
                                                    "return_unexpected_index_query": False},
                                     run_id=run)
         identifier = self._identifier(suite, run, result)
-        self.identifiers.append(identifier)
-        outcomes = self._outcomes(suite, table or meta["table"], meta, list(periods), result)
-        self.outcomes += outcomes
-        if not result.success:
-            self.failed_runs.append((identifier, result))
-        self.seconds += time.perf_counter() - clock
-        return outcomes
+        return self._outcomes(suite, meta["table"], meta, periods, result), result, identifier
 
     @staticmethod
     def _identifier(suite: str, run, result):
@@ -150,8 +197,7 @@ class Validation:
             raised = (item.exception_info or {}).get("raised_exception")
             failed: dict[tuple[str, datetime], str] = {}
             if raised:
-                message = str((item.exception_info or {}).get("exception_message", "")).strip().splitlines()
-                failed = {p: f"check could not run: {message[0][:200] if message else 'error'}" for p in periods}
+                failed = {p: _could_not_run(item) for p in periods}
             elif not item.success:
                 failed = _attribute(item.result or {}, config, suite_meta, periods)
             for grain, start in periods:
@@ -206,6 +252,17 @@ class Validation:
         table.replace(pa.concat_tables([keep, fresh]), keys=keys, op="quality")
 
 
+def _could_not_run(item) -> str:
+    message = str((item.exception_info or {}).get("exception_message", "")).strip().splitlines()
+    return f"check could not run: {message[0][:200] if message else 'error'}"
+
+
+@lru_cache(maxsize=None)
+def suite_rules(name: str) -> list:
+    """A row suite's rules, compiled once per process."""
+    return one_pass.compile_rules(suite_document(name))
+
+
 def _attribute(result: dict, config, suite_meta: dict, periods: list[tuple[str, datetime]]) -> dict:
     """Which periods an expectation failed for, and what it saw there (from the second pass's sample)."""
     sample = result.get("partial_unexpected_index_list") or result.get("unexpected_index_list")
@@ -226,26 +283,6 @@ def _attribute(result: dict, config, suite_meta: dict, periods: list[tuple[str, 
         # Rows outside the periods being checked (should not happen): blame the whole batch.
         return {p: f"{count:,} rows" for p in periods}
     return {p: _describe(config, rows) for p, rows in by_period.items()}
-
-
-def _pandas(table: pa.Table):
-    """Arrow → pandas for GX, integers kept exact.
-
-    An integer column without nulls becomes numpy ``int64``: GX's range checks are vectorised only
-    for numpy dtypes and fall back to a Python call per value for nullable ones (0.7 s per 100,000
-    rows). A column with nulls keeps pandas' nullable integer dtype (never floats with NaN).
-    """
-    import pandas as pd
-
-    nullable = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype(), pa.int16(): pd.Int16Dtype(),
-                pa.int8(): pd.Int8Dtype(), pa.bool_(): pd.BooleanDtype()}
-    columns = {}
-    for name, column in zip(table.column_names, table.columns):
-        if pa.types.is_integer(column.type) and column.null_count == 0:
-            columns[name] = pd.Series(column.cast(pa.int64()).to_numpy(), name=name)
-        else:
-            columns[name] = column.to_pandas(types_mapper=nullable.get).rename(name)
-    return pd.DataFrame(columns) if columns else table.to_pandas()
 
 
 def _describe(config, rows: list[dict]) -> str:

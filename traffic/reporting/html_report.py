@@ -29,7 +29,7 @@ from traffic.reporting.html import escape as _e
 from traffic.reporting.report import clock_warnings, telemetry_health
 from traffic.core.settings import Settings
 from traffic.reporting.html_bills import write_bill_pages
-from traffic.reporting.top import TopError, top_talkers
+from traffic.reporting.top import TopError, top_talkers_by
 from traffic.reporting.html_bills import bills_table, human_bps
 
 UTC = timezone.utc
@@ -345,12 +345,13 @@ def _top_talkers_section(warehouse: Warehouse, last: timedelta) -> str:
     if warehouse.settings.accounts_file:
         groupings.append(("account", "account"))
     tables, window = [], ""
+    try:  # one read of each part of the window for every grouping
+        results = top_talkers_by(warehouse, last, [by for by, _ in groupings], TOP)
+    except TopError as error:
+        return (f'<section id="top-talkers"><h2>Top talkers, last {duration_label(last)}</h2>'
+                f'<p class="empty">{_e(error)}</p></section>')
     for by, label in groupings:
-        try:
-            result = top_talkers(warehouse, last, by, TOP)
-        except TopError as error:
-            return (f'<section id="top-talkers"><h2>Top talkers, last {duration_label(last)}</h2>'
-                    f'<p class="empty">{_e(error)}</p></section>')
+        result = results[by]
         window = (f'<span data-top-start="{result.start.isoformat()}" data-top-end="{result.end.isoformat()}">'
                   f'{result.start:%Y-%m-%d %H:%M} → {result.end:%Y-%m-%d %H:%M} UTC</span>'
                   + (f' <span class="note">({_e(result.note)})</span>' if result.note else ""))

@@ -87,41 +87,58 @@ def _accounts_of(warehouse: Warehouse, local: pa.Array, ts: pa.Array) -> pa.Arra
     return pa.array(owner, pa.string())
 
 
-def _raw_part(warehouse: Warehouse, hour: datetime, lo: datetime, hi: datetime, key: str) -> pa.Table:
-    """Totals per key of the on-time packets with ``lo <= ts < hi`` in one hour's raw detail."""
+def _raw_part(warehouse: Warehouse, hour: datetime, lo: datetime, hi: datetime, keys: list[str]) -> dict[str, pa.Table]:
+    """Totals per key (each of ``keys``) of the on-time packets with ``lo <= ts < hi`` in one hour's raw
+    detail, read once for all of them."""
     ts = pads.field("ts")
     stamp = pa.timestamp("us", tz="UTC")
-    address = "local_ip" if key == "account" else key
+    addresses = sorted({"local_ip" if key == "account" else key for key in keys})
     packets = warehouse.table("packets").read_arrow(
-        keys=[hour], columns=["ts", address, "bytes", "direction", "packets"],
+        keys=[hour], columns=["ts", *addresses, "bytes", "direction", "packets"],
         filter=(ts >= pa.scalar(lo, stamp)) & (ts < pa.scalar(hi, stamp))).combine_chunks()
-    keys = packets.column(address)
-    if key == "account":
-        keys = _accounts_of(warehouse, keys.combine_chunks(), packets.column("ts"))
-    return _sum_by(_by_direction(keys, key, packets.column("bytes"), weights(packets),
-                                 packets.column("direction")), key)
+    parts = {}
+    for key in keys:
+        column = packets.column("local_ip" if key == "account" else key)
+        if key == "account":
+            column = _accounts_of(warehouse, column.combine_chunks(), packets.column("ts"))
+        parts[key] = _sum_by(_by_direction(column, key, packets.column("bytes"), weights(packets),
+                                           packets.column("direction")), key)
+    return parts
 
 
-def _hourly_part(warehouse: Warehouse, hours: list[datetime], key: str) -> pa.Table:
-    """Totals per key of whole hours: their ``hourly`` rows, or their panes per account."""
-    keys = hours
-    if key == "account":
-        panes = warehouse.table("panes").read_arrow(keys=keys, columns=["account", "direction", "bytes", "packets"])
-        return _sum_by(_by_direction(panes.column("account"), key, panes.column("bytes"), panes.column("packets"),
-                                     panes.column("direction")), key)
-    return _sum_by(warehouse.table("hourly").read_arrow(keys=keys, columns=[key, *TOTALS]), key)
+def _hourly_part(warehouse: Warehouse, hours: list[datetime], keys: list[str]) -> dict[str, pa.Table]:
+    """Totals per key (each of ``keys``) of whole hours: their ``hourly`` rows, read once for the addresses,
+    or their panes per account."""
+    parts = {}
+    if "account" in keys:
+        panes = warehouse.table("panes").read_arrow(keys=hours, columns=["account", "direction", "bytes", "packets"])
+        parts["account"] = _sum_by(_by_direction(panes.column("account"), "account", panes.column("bytes"),
+                                                 panes.column("packets"), panes.column("direction")), "account")
+    addresses = [key for key in keys if key != "account"]
+    if addresses:
+        rows = warehouse.table("hourly").read_arrow(keys=hours, columns=[*addresses, *TOTALS])
+        parts.update({key: _sum_by(rows.select([key, *TOTALS]), key) for key in addresses})
+    return parts
 
 
 def top_talkers(warehouse: Warehouse, last: timedelta, by: str = "host", limit: int | None = 10) -> TopTalkers:
     """The ``limit`` keys with the most bytes in ``[W - last, W)`` (all keys when ``limit`` is None)."""
-    if by not in KEYS:
-        raise TopError(f"--by {by!r}: choose one of {', '.join(KEYS)}")
+    return top_talkers_by(warehouse, last, (by,), limit)[by]
+
+
+def top_talkers_by(warehouse: Warehouse, last: timedelta, bys, limit: int | None = 10) -> dict[str, TopTalkers]:
+    """``top_talkers`` for several groupings at once (the report's hosts and peers): each part of the window
+    is read once for all of them."""
+    bys = list(dict.fromkeys(bys))
+    unknown = [by for by in bys if by not in KEYS]
+    if unknown:
+        raise TopError(f"--by {unknown[0]!r}: choose one of {', '.join(KEYS)}")
     if last <= timedelta(0):
         raise TopError("--last must be a positive duration")
     watermark = read_clock_state(warehouse).watermark
     if watermark is None:
         raise TopError("no watermark yet: nothing has been ingested")
-    key = KEYS[by]
+    keys = [KEYS[by] for by in bys]
     start, note = watermark - last, None
     kept_from = retention_floor(watermark, timedelta(hours=warehouse.settings.keep_hours))
     if start != hour_floor(start) and hour_floor(start) < kept_from:
@@ -131,28 +148,38 @@ def top_talkers(warehouse: Warehouse, last: timedelta, by: str = "host", limit: 
                 f"{start:%Y-%m-%d %H:%M:%S}")
         start = snapped
     first_whole = hour_ceil(start)
-    result = TopTalkers(by=by, start=start, end=watermark, rows=[], keys=0, note=note)
-    running = None
+    whole_hours, raw_hours = [], []
+    running: dict[str, pa.Table | None] = dict.fromkeys(keys)
+
+    def fold(parts: dict[str, pa.Table]) -> None:
+        for key, part in parts.items():
+            running[key] = _fold(running[key], part, key)
+
     if start < first_whole:  # the partial hour at the start edge
-        running = _fold(running, _raw_part(warehouse, hour_floor(start), start, min(first_whole, watermark), key), key)
-        result.raw_hours.append(hour_floor(start))
+        fold(_raw_part(warehouse, hour_floor(start), start, min(first_whole, watermark), keys))
+        raw_hours.append(hour_floor(start))
     hour = first_whole
     while is_closed(hour, watermark):  # the whole hours, up to hour_floor(W), a UTC day per read
         until = min(period_end(day_start(hour.date()), "day"), hour_floor(watermark))
         hours = hours_between(hour, until)
-        running = _fold(running, _hourly_part(warehouse, hours, key), key)
-        result.whole_hours += hours
+        fold(_hourly_part(warehouse, hours, keys))
+        whole_hours += hours
         hour = until
     if hour < watermark and first_whole <= hour:  # the partial hour at the end (W inside it)
-        running = _fold(running, _raw_part(warehouse, hour, hour, watermark, key), key)
-        result.raw_hours.append(hour)
-    if running is None or running.num_rows == 0:
-        return result
-    ranked = running.sort_by([("bytes", "descending"), (key, "ascending")])
-    result.keys = ranked.num_rows
-    chosen = ranked if limit is None else ranked.slice(0, limit)
-    result.rows = [{"key": r[key], **{c: r[c] for c in TOTALS}} for r in chosen.to_pylist()]
-    return result
+        fold(_raw_part(warehouse, hour, hour, watermark, keys))
+        raw_hours.append(hour)
+    results = {}
+    for by, key in zip(bys, keys):
+        result = results[by] = TopTalkers(by=by, start=start, end=watermark, rows=[], keys=0, note=note,
+                                          whole_hours=list(whole_hours), raw_hours=list(raw_hours))
+        table = running[key]
+        if table is None or table.num_rows == 0:
+            continue
+        ranked = table.sort_by([("bytes", "descending"), (key, "ascending")])
+        result.keys = ranked.num_rows
+        chosen = ranked if limit is None else ranked.slice(0, limit)
+        result.rows = [{"key": r[key], **{c: r[c] for c in TOTALS}} for r in chosen.to_pylist()]
+    return results
 
 
 def talkers_table(result: TopTalkers) -> pa.Table:
