@@ -109,6 +109,25 @@ def test_one_pass_counts_what_gx_counts_for_every_expectation_and_period(spark, 
     frame.unpersist()
 
 
+def test_suites_measured_together_count_what_each_counts_alone(spark):
+    """A freeze measures its suites in one Spark job (``measure_together``): every row suite's frame at once,
+    hourly and daily periods mixed, repeated keys among them, gives each suite exactly its own pass."""
+    items = []
+    for suite in ROW_SUITES:
+        doc = suite_document(suite)
+        column = doc["meta"]["period_column"]
+        frame = _viewed(_frame(spark, suite, 300, seed=7 * len(suite)), doc["meta"])
+        items.append((frame.where(frame[column].isNotNull()).cache(), one_pass.compile_rules(doc), column))
+    together = one_pass.measure_together(items)
+    alone = [one_pass.measure(*item) for item in items]
+    for suite, both, one in zip(ROW_SUITES, together, alone):
+        assert (both.rows, both.broken, both.low, both.high) == (one.rows, one.broken, one.low, one.high), suite
+    assert any(n for (key, _), n in together[ROW_SUITES.index("hourly")].broken.items() if key == "r00"), \
+        "no repeated key: the exact uniqueness path was not exercised"
+    for frame, _, _ in items:
+        frame.unpersist()
+
+
 def test_every_row_suite_compiles_and_other_expectations_are_refused_by_name():
     for suite in ROW_SUITES:
         assert one_pass.compile_rules(suite_document(suite))

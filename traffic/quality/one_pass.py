@@ -139,27 +139,63 @@ class Measured:
 
 
 def measure(frame, rules: list[Rule], period_column: str) -> Measured:
-    """For each period of ``frame`` its rows and, per rule, the rows breaking it: one aggregation of every row
-    rule grouped by period, and the key's uniqueness (``_duplicated``) beside it."""
+    """For each period of ``frame`` its rows and, per rule, the rows breaking it (``measure_together`` of one)."""
+    return measure_together([(frame, rules, period_column)])[0]
+
+
+def measure_together(items: list[tuple[Any, list[Rule], str]]) -> list[Measured]:
+    """``measure`` of several (frame, rules, period column) at once: every frame's pass in one Spark job.
+
+    Each frame contributes one aggregation of its row rules grouped by period and, for a suite with a
+    key, the number of key hashes seen more than once; the branches are unioned and collected
+    together, so a freeze pays Spark's fixed cost of a job once for all its suites, not once per suite
+    and again per key. A repeated hash (a duplicate, or a collision) is then settled exactly by
+    ``_duplicated``; the breaking range of a failed range rule is read afterwards, as for one frame.
+    """
     from pyspark.sql import functions as F
 
-    unique = next((r for r in rules if r.unique), None)
-    row_rules = [r for r in rules if not r.unique]
-    aggregates = [F.count(F.lit(1)).alias("_rows")]
-    for r in row_rules:
-        aggregates.append(F.sum(F.when(r.broken(), F.lit(1)).otherwise(F.lit(0))).alias(r.key))
-    measured = Measured()
-    for row in frame.groupBy(F.col(period_column).alias("_period")).agg(*aggregates).collect():
-        at = as_period(row["_period"])
-        measured.rows[at] = int(row["_rows"])
-        for r in row_rules:
-            measured.broken[(r.key, at)] = int(row[r.key] or 0)
-    if unique is not None:
-        duplicated = _duplicated(frame, unique, period_column)
-        for at in measured.rows:
-            measured.broken[(unique.key, at)] = duplicated.get(at, 0)
-    _breaking_ranges(frame, [r for r in row_rules if r.kind == "expect_column_values_to_be_between"], measured,
-                     period_column)
+    measured = [Measured() for _ in items]
+    suspects: list[int] = []
+    by_type: dict[str, list[int]] = {}
+    for i, (frame, _, column) in enumerate(items):
+        by_type.setdefault(frame.schema[column].dataType.simpleString(), []).append(i)
+    for group in by_type.values():  # a union needs one period type (in practice there is one group)
+        branches = []
+        for i in group:
+            frame, rules, column = items[i]
+            counts = [F.count(F.lit(1))] + [F.sum(F.when(r.broken(), F.lit(1)).otherwise(F.lit(0)))
+                                             for r in rules if not r.unique]
+            branches.append(frame.groupBy(F.col(column).alias("_period"))
+                            .agg(F.array(*[c.cast("long") for c in counts]).alias("_counts"))
+                            .select(F.lit(i).alias("_item"), F.lit(False).alias("_key"), "_period", "_counts"))
+            unique = next((r for r in rules if r.unique), None)
+            if unique is not None:
+                repeated = (_hashed(frame, unique).groupBy("_h").agg(F.count(F.lit(1)).alias("_n"))
+                            .where(F.col("_n") > 1).agg(F.count(F.lit(1)).alias("_repeated")))
+                branches.append(repeated.select(F.lit(i).alias("_item"), F.lit(True).alias("_key"),
+                                                F.lit(None).cast(frame.schema[column].dataType).alias("_period"),
+                                                F.array(F.col("_repeated").cast("long")).alias("_counts")))
+        union = branches[0]
+        for branch in branches[1:]:
+            union = union.unionByName(branch)
+        for row in union.collect():
+            i = row["_item"]
+            if row["_key"]:
+                if row["_counts"][0]:
+                    suspects.append(i)
+                continue
+            at, counts = as_period(row["_period"]), row["_counts"]
+            measured[i].rows[at] = int(counts[0])
+            for r, count in zip([r for r in items[i][1] if not r.unique], counts[1:]):
+                measured[i].broken[(r.key, at)] = int(count or 0)
+    for i, (frame, rules, column) in enumerate(items):
+        unique = next((r for r in rules if r.unique), None)
+        if unique is not None:
+            duplicated = _duplicated(frame, unique, column) if i in suspects else {}
+            for at in measured[i].rows:
+                measured[i].broken[(unique.key, at)] = duplicated.get(at, 0)
+        _breaking_ranges(frame, [r for r in rules if r.kind == "expect_column_values_to_be_between"], measured[i],
+                         column)
     return measured
 
 
@@ -195,7 +231,7 @@ def _duplicated(frame, unique: Rule, period_column: str) -> dict[datetime, int]:
     from pyspark.sql import functions as F
 
     columns = list(unique.kwargs["column_list"])
-    counted = frame.where(~_skipped(unique)).withColumn("_h", F.xxhash64(*[F.col(c) for c in columns]))
+    counted = _hashed(frame, unique)
     repeated = [row["_h"] for row in counted.groupBy("_h").agg(F.count(F.lit(1)).alias("_n"))
                 .where(F.col("_n") > 1).select("_h").collect()]
     if not repeated:
@@ -207,6 +243,14 @@ def _duplicated(frame, unique: Rule, period_column: str) -> dict[datetime, int]:
     joined = rows.join(seen, on=[rows[f"_k{i}"].eqNullSafe(seen[f"_k{i}"]) for i in range(len(columns))])
     return {as_period(row["_period"]): int(row["_rows"])
             for row in joined.groupBy("_period").agg(F.count(F.lit(1)).alias("_rows")).collect()}
+
+
+def _hashed(frame, unique: Rule):
+    """The rows a uniqueness rule counts, each with its key's 64-bit hash (``_h``)."""
+    from pyspark.sql import functions as F
+
+    return frame.where(~_skipped(unique)).withColumn(
+        "_h", F.xxhash64(*[F.col(c) for c in unique.kwargs["column_list"]]))
 
 
 def _skipped(unique: Rule):

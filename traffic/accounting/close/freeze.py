@@ -19,7 +19,7 @@ from traffic.accounting import parts
 from traffic.accounting import transforms as T
 from traffic.accounting.alerts import refresh_alerts
 from traffic.accounting.close.ledger import (_arrow_sums, _judge, _late_kept, _ledger_frame, _ledger_row, _store,
-                                             _sums, _validate_side_tables)
+                                             _side_table_runs, _sums)
 from traffic.core.periods import as_utc, expected_sources_window, hour_floor, panes_of, period_end
 from traffic.core.settings import Settings
 from traffic.quality.suites import Validation
@@ -125,13 +125,15 @@ def _validate_freeze(warehouse: Warehouse, check, periods: list, busy_hours: lis
     """Every check of a freeze, each run once over all its hours: the row suites over the hours with rows
     (an empty hour is checked by its ledger row), ingest health, then the ledger rows themselves."""
     busy_periods = [("hour", h) for h in busy_hours]
+    runs = []
     if busy_hours:
-        check.validate("packets", totals.packets, busy_periods, asset="packets.freeze")
         # The final rows and panes as stored (an Arrow freeze wrote them from its tasks).
-        check.validate("hourly", warehouse.table("hourly").read(keys=busy_hours), busy_periods, asset="hourly.freeze")
-        check.validate("panes", warehouse.table("panes").read(keys=busy_hours), busy_periods, asset="panes.freeze")
-    _validate_side_tables(warehouse, check, periods, "freeze")
-    check.validate("periods", _ledger_frame(rows), periods, asset="periods.freeze")
+        runs += [("packets", totals.packets, busy_periods, "packets.freeze"),
+                 ("hourly", warehouse.table("hourly").read(keys=busy_hours), busy_periods, "hourly.freeze"),
+                 ("panes", warehouse.table("panes").read(keys=busy_hours), busy_periods, "panes.freeze")]
+    # Every row suite's pass in one Spark job, then the ledger rows themselves.
+    check.validate_together(runs + _side_table_runs(warehouse, periods, "freeze")
+                            + [("periods", _ledger_frame(rows), periods, "periods.freeze")])
 
 
 def _hours_with_rows(warehouse: Warehouse, hours: list[datetime]) -> set[datetime]:

@@ -84,13 +84,16 @@ def _late_kept(settings: Settings, warehouse: Warehouse, hours: list[datetime]) 
     return {h: (None if bound is not None and h < bound else sums.get(h, [0, 0])[0]) for h in hours}
 
 
-def _validate_side_tables(warehouse: Warehouse, check, periods: list, step: str) -> None:
-    """Ingest health of the hours that have late records or rejects (one run per table over all of them)."""
+def _side_table_runs(warehouse: Warehouse, periods: list, step: str) -> list[tuple]:
+    """The runs (``Validation.validate_together``) of ingest health over the hours that have late records or
+    rejects: one per table over all of them."""
+    runs = []
     for name in ("late_packets", "rejects"):
         present = set(warehouse.table(name).periods_with_files([start for _, start in periods]))
         if present:
             covered = [p for p in periods if p[1] in present]
-            check.validate(name, warehouse.table(name).read(keys=sorted(present)), covered, asset=f"{name}.{step}")
+            runs.append((name, warehouse.table(name).read(keys=sorted(present)), covered, f"{name}.{step}"))
+    return runs
 
 
 def _ledger_row(grain: str, start: datetime, totals: tuple[int, int], late: tuple[int, int],

@@ -13,8 +13,8 @@ import pyarrow.compute as pc
 
 from traffic.accounting import transforms as T
 from traffic.accounting.close.ledger import (_arrow_sums, _children_summary, _judge, _late_kept, _ledger_frame,
-                                             _ledger_row, _published, _recheck, _sources_between, _store, _sums,
-                                             _validate_side_tables)
+                                             _ledger_row, _published, _recheck, _side_table_runs, _sources_between,
+                                             _store, _sums)
 from traffic.core.periods import as_utc, day_start, days_of_month, hours_of_day, month_start, next_month, period_end
 from traffic.core.settings import Settings
 from traffic.quality.suites import Validation
@@ -49,9 +49,8 @@ def roll_up_days(settings: Settings, warehouse: Warehouse, days: list[date], fro
         with_rows = {as_utc(h) for h in warehouse.table("hourly").read_arrow(keys=recheck, columns=["hour"])
                      .column("hour").to_pylist()}
         row_periods = [p for p in periods if p[1] in with_rows]
-        if row_periods:
-            check.validate("hourly", rows_of, row_periods, asset="hourly.recheck")
-        _validate_side_tables(warehouse, check, periods, "days")
+        runs = [("hourly", rows_of, row_periods, "hourly.recheck")] if row_periods else []
+        check.validate_together(runs + _side_table_runs(warehouse, periods, "days"))
         final_sums = _arrow_sums(warehouse.table("hourly").read_arrow(
             keys=recheck, columns=["hour", "bytes", "packets"], filter=pc.field("status") == "final"), "hour")
         present = warehouse.table("packets").periods_with_files(recheck)
