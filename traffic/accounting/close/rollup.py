@@ -117,9 +117,17 @@ def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[dateti
     keys = rollable
     warehouse.table(table).replace(rolled, keys=keys, op="roll_up")
     stored = _arrow_sums(warehouse.table(table).read_arrow(keys=keys, columns=[grain, "bytes", "packets"]), grain)
-    from_parts = {as_utc(datetime.combine(r[grain], datetime.min.time())): r for r in
-                  finer.groupBy(period_of.alias(grain)).agg(
-                      F.sum("bytes").alias("bytes"), F.sum("packets").alias("packets")).collect()}
+    # What the rolled rows must add up to: the parts' final rows as stored, summed in Arrow (their period
+    # column and amounts only), not a second Spark pass over the rows just grouped.
+    finer_table, part_column = ("hourly", "hour") if grain == "day" else ("daily", "day")
+    part_sums = _arrow_sums(warehouse.table(finer_table).read_arrow(
+        keys=sorted(s for s in parts_by_start if rollable[0] <= s < period_end(rollable[-1], grain)),
+        columns=[part_column, "bytes", "packets"],
+        filter=(pc.field("status") == "final") if grain == "day" else None), part_column)
+    from_parts: dict[datetime, list[int]] = {}
+    for part, (size, count) in part_sums.items():
+        entry = from_parts.setdefault(day_start(part.date()) if grain == "day" else month_start(part), [0, 0])
+        entry[0], entry[1] = entry[0] + size, entry[1] + count
     periods = [(grain, s) for s in rollable]
     check.validate(table, rolled, periods, asset=f"{table}.{grain}s")
     history = st.watermark_history(warehouse)
@@ -134,7 +142,7 @@ def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[dateti
 
 
 def _rolled_up_row(warehouse: Warehouse, grain: str, start: datetime, end: datetime, parts: list[dict],
-                   stored: tuple[int, int], source: dict | None, history, restated: str | None) -> dict:
+                   stored: tuple[int, int], source: list[int] | None, history, restated: str | None) -> dict:
     """The ledger row of a rolled-up day or month, with the figures its checks compare."""
     table_bytes, table_packets = stored
     children = _children_summary(parts)
@@ -145,8 +153,8 @@ def _rolled_up_row(warehouse: Warehouse, grain: str, start: datetime, end: datet
                       st.closed_at(history, end), restated, lost=children["lost"],
                       estimated_bytes=children["estimated_bytes"]),
         "table_bytes": table_bytes, "table_packets": table_packets,
-        "source_bytes": int(source["bytes"]) if source else 0,
-        "source_packets": int(source["packets"]) if source else 0,
+        "source_bytes": int(source[0]) if source else 0,
+        "source_packets": int(source[1]) if source else 0,
         "parts_bytes": sum(r["bytes"] for r in parts),
     }
 
