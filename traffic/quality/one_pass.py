@@ -146,31 +146,68 @@ def measure(frame, rules: list[Rule], period_column: str) -> Measured:
 def measure_together(items: list[tuple[Any, list[Rule], str]]) -> list[Measured]:
     """``measure`` of several (frame, rules, period column) at once: every frame's pass in one Spark job.
 
-    Each frame contributes one aggregation of its row rules grouped by period and, for a suite with a
-    key, the number of key hashes seen more than once; the branches are unioned and collected
-    together, so a freeze pays Spark's fixed cost of a job once for all its suites, not once per suite
-    and again per key. A repeated hash (a duplicate, or a collision) is then settled exactly by
-    ``_duplicated``; the breaking range of a failed range rule is read afterwards, as for one frame.
+    Each frame contributes, per period, its rows and the rows breaking *any* of its row rules (one
+    condition, one sum: the narrow aggregation Spark compiles and runs fastest) and, for a suite with
+    a key, the number of key hashes seen more than once. The branches are unioned and collected
+    together, so a freeze pays Spark's fixed cost of a job once for all its suites. Only a period
+    where some row broke a rule is read again, to count each rule's breaking rows there; a repeated hash
+    (a duplicate, or a collision) is settled exactly by ``_duplicated``; the breaking range of a failed
+    range rule is read last. A clean freeze is therefore one job, however many rules its suites hold.
     """
     from pyspark.sql import functions as F
 
     measured = [Measured() for _ in items]
-    suspects: list[int] = []
+    row_rules = [[r for r in rules if not r.unique] for _, rules, _ in items]
+    keys = {i: next((r for r in rules if r.unique), None) for i, (_, rules, _) in enumerate(items)}
+    suspects: set[int] = set()
+    dirty: dict[int, list[datetime]] = {}
+    first = _together(dict(enumerate(items)), lambda i: [F.count(F.lit(1)), F.count_if(_any([F.lit(False)] + [
+        r.broken() for r in row_rules[i]]))], keys)
+    for row in first:
+        i = row["_item"]
+        if row["_key"]:
+            if row["_counts"][0]:
+                suspects.add(i)
+            continue
+        at, (rows, broken) = as_period(row["_period"]), row["_counts"]
+        measured[i].rows[at] = int(rows)
+        measured[i].broken.update({(r.key, at): 0 for r in row_rules[i]})
+        if broken:
+            dirty.setdefault(i, []).append(at)
+    narrowed = {i: (items[i][0].where(F.col(items[i][2]).isin(periods)), items[i][1], items[i][2])
+                for i, periods in dirty.items()}
+    for row in _together(narrowed, lambda i: [F.count_if(r.broken()) for r in row_rules[i]], {}):
+        at = as_period(row["_period"])
+        for r, count in zip(row_rules[row["_item"]], row["_counts"]):
+            measured[row["_item"]].broken[(r.key, at)] = int(count or 0)
+    for i, (frame, rules, column) in enumerate(items):
+        if keys[i] is not None:
+            duplicated = _duplicated(frame, keys[i], column) if i in suspects else {}
+            for at in measured[i].rows:
+                measured[i].broken[(keys[i].key, at)] = duplicated.get(at, 0)
+        _breaking_ranges(frame, [r for r in rules if r.kind == "expect_column_values_to_be_between"], measured[i],
+                         column)
+    return measured
+
+
+def _together(items: dict[int, tuple[Any, list[Rule], str]], aggregates, keys: dict[int, Rule | None]) -> list:
+    """One collect of the union of every item's ``aggregates(i)`` grouped by its period (``_counts``, an array
+    of longs) and, for an item with a key in ``keys``, a row counting the key hashes seen more than once."""
+    from pyspark.sql import functions as F
+
     by_type: dict[str, list[int]] = {}
-    for i, (frame, _, column) in enumerate(items):
+    for i, (frame, _, column) in items.items():
         by_type.setdefault(frame.schema[column].dataType.simpleString(), []).append(i)
+    rows = []
     for group in by_type.values():  # a union needs one period type (in practice there is one group)
         branches = []
         for i in group:
-            frame, rules, column = items[i]
-            counts = [F.count(F.lit(1))] + [F.sum(F.when(r.broken(), F.lit(1)).otherwise(F.lit(0)))
-                                             for r in rules if not r.unique]
+            frame, _, column = items[i]
             branches.append(frame.groupBy(F.col(column).alias("_period"))
-                            .agg(F.array(*[c.cast("long") for c in counts]).alias("_counts"))
+                            .agg(F.array(*[c.cast("long") for c in aggregates(i)]).alias("_counts"))
                             .select(F.lit(i).alias("_item"), F.lit(False).alias("_key"), "_period", "_counts"))
-            unique = next((r for r in rules if r.unique), None)
-            if unique is not None:
-                repeated = (_hashed(frame, unique).groupBy("_h").agg(F.count(F.lit(1)).alias("_n"))
+            if keys.get(i) is not None:
+                repeated = (_hashed(frame, keys[i]).groupBy("_h").agg(F.count(F.lit(1)).alias("_n"))
                             .where(F.col("_n") > 1).agg(F.count(F.lit(1)).alias("_repeated")))
                 branches.append(repeated.select(F.lit(i).alias("_item"), F.lit(True).alias("_key"),
                                                 F.lit(None).cast(frame.schema[column].dataType).alias("_period"),
@@ -178,25 +215,8 @@ def measure_together(items: list[tuple[Any, list[Rule], str]]) -> list[Measured]
         union = branches[0]
         for branch in branches[1:]:
             union = union.unionByName(branch)
-        for row in union.collect():
-            i = row["_item"]
-            if row["_key"]:
-                if row["_counts"][0]:
-                    suspects.append(i)
-                continue
-            at, counts = as_period(row["_period"]), row["_counts"]
-            measured[i].rows[at] = int(counts[0])
-            for r, count in zip([r for r in items[i][1] if not r.unique], counts[1:]):
-                measured[i].broken[(r.key, at)] = int(count or 0)
-    for i, (frame, rules, column) in enumerate(items):
-        unique = next((r for r in rules if r.unique), None)
-        if unique is not None:
-            duplicated = _duplicated(frame, unique, column) if i in suspects else {}
-            for at in measured[i].rows:
-                measured[i].broken[(unique.key, at)] = duplicated.get(at, 0)
-        _breaking_ranges(frame, [r for r in rules if r.kind == "expect_column_values_to_be_between"], measured[i],
-                         column)
-    return measured
+        rows += union.collect()
+    return rows
 
 
 def _breaking_ranges(frame, ranged: list[Rule], measured: Measured, period_column: str) -> None:
