@@ -9,16 +9,20 @@ from __future__ import annotations
 
 from datetime import date, datetime
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic.accounting import transforms as T
 from traffic.accounting.close.ledger import (_arrow_sums, _children_summary, _judge, _late_kept, _ledger_frame,
                                              _ledger_row, _published, _recheck, _side_table_runs, _sources_between,
                                              _store, _sums)
-from traffic.core.periods import as_utc, day_start, days_of_month, hours_of_day, month_start, next_month, period_end
+from traffic.accounting.parts import AMOUNTS, group_sums
+from traffic.core.periods import (as_utc, day_start, days_of_month, hours_between, hours_of_day, month_start,
+                                  next_month, period_end)
 from traffic.core.settings import Settings
 from traffic.quality.suites import Validation
 from traffic.storage import state as st
+from traffic.storage.schemas import arrow_schema
 from traffic.storage.warehouse import Warehouse
 
 
@@ -75,9 +79,8 @@ def roll_up_days(settings: Settings, warehouse: Warehouse, days: list[date], fro
     rollable = _ready(starts, lambda day: hours_of_day(day, state.first_hour or day), hours)
     day_rows = []
     if rollable:
-        in_days = F.to_date("hour").isin([s.date() for s in rollable])
-        finals = hourly.where((F.col("status") == "final") & in_days)
-        day_rows = _roll_up_into(warehouse, check, "day", rollable, finals, F.to_date("hour"), hours, restated)
+        day_rows = _roll_up_into(warehouse, check, "day", rollable, _days_in_arrow(warehouse, rollable), hours,
+                                 restated)
         failures += _judge(check, day_rows)
     hourly.unpersist()
     check.record()
@@ -99,23 +102,49 @@ def _ready(periods: list, parts_of, ledger: dict) -> list:
     return ready
 
 
-def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[datetime], finer, period_of,
-                  parts_by_start: dict[datetime, dict], restated: str | None) -> list[dict]:
-    """What a day's and a month's roll-up share: sum the finer rows into the coarser table, replace its
-    periods, check them, and build their ledger rows (their verdicts are set by the caller, ``_judge``).
+def _days_in_arrow(warehouse: Warehouse, days: list[datetime]) -> pa.Table:
+    """The ``daily`` rows of ``days``: each day's final hourly rows summed per address pair in Arrow.
 
-    ``finer``: the final rows of the periods' parts (hourly / daily); ``period_of``: the Spark column
-    giving each row's period start; ``parts_by_start``: the parts' ledger rows by start.
+    The hours were grouped per pair when they were frozen; a day adds up at most 24 such groups, which
+    Arrow does on the driver faster than a Spark shuffle into the one task that writes a day (measured:
+    ~1.35 M hourly rows, 9.6 s so). Hours are read a few at a time and folded into the day's running
+    sums, so memory stays near one day's distinct pairs, not all its hourly rows. Sums are
+    overflow-checked (``group_sums``): a pair past 2**63 − 1 stops the roll-up with one line.
     """
-    from pyspark.sql import functions as F  # deferred: pyspark's column functions, as everywhere in this module
+    amounts = {c: (c, "sum") for c in AMOUNTS}
+    schema = arrow_schema("daily")
+    out = []
+    for day in days:
+        running, pending = None, []
+        hours = hours_between(day, period_end(day, "day"))
+        for i in range(0, len(hours), _HOURS_PER_FOLD):
+            rows = warehouse.table("hourly").read_arrow(keys=hours[i:i + _HOURS_PER_FOLD],
+                                                        columns=["local_ip", "remote_ip", *AMOUNTS],
+                                                        filter=pc.field("status") == "final")
+            pending = [running, rows] if running is not None else [rows]
+            running = group_sums(pa.concat_tables(pending), ["local_ip", "remote_ip"], amounts)
+        size = running.num_rows
+        out.append(running.append_column("day", pa.array([day.date()] * size, pa.date32()))
+                   .append_column("month", pa.array([day.date().replace(day=1)] * size, pa.date32()))
+                   .select(schema.names).cast(schema))
+    return pa.concat_tables(out) if out else schema.empty_table()
 
+
+#: Hours of hourly rows read before they are folded into a day's running sums (``_days_in_arrow``).
+_HOURS_PER_FOLD = 4
+
+
+def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[datetime], rolled,
+                  parts_by_start: dict[datetime, dict], restated: str | None) -> list[dict]:
+    """What a day's and a month's roll-up share: write the rolled rows into the coarser table (replacing its
+    periods), check them as stored, and build their ledger rows (their verdicts are set by the caller,
+    ``_judge``). ``rolled``: the periods' rows (Arrow for days, Spark for months); ``parts_by_start``: the
+    parts' ledger rows by start.
+    """
     table = _ROLLED_UP[grain]
-    rolled = T.roll_up(finer, grain, period_of)
-    if grain == "day":
-        rolled = rolled.withColumn("month", F.trunc("day", "month"))
-    rolled = rolled.persist()
     keys = rollable
     warehouse.table(table).replace(rolled, keys=keys, op="roll_up")
+    rolled = warehouse.table(table).read(keys=keys)
     stored = _arrow_sums(warehouse.table(table).read_arrow(keys=keys, columns=[grain, "bytes", "packets"]), grain)
     # What the rolled rows must add up to: the parts' final rows as stored, summed in Arrow (their period
     # column and amounts only), not a second Spark pass over the rows just grouped.
@@ -137,7 +166,6 @@ def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[dateti
         rows.append(_rolled_up_row(warehouse, grain, start, period_end(start, grain), parts, stored.get(start, (0, 0)),
                                    from_parts.get(start), history, restated))
     check.validate("periods", _ledger_frame(rows), periods, asset=f"periods.{grain}s")
-    rolled.unpersist()
     return rows
 
 
@@ -196,8 +224,8 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
     month_rows = []
     if rollable:
         of_months = daily.where(F.trunc("day", "month").isin([m.date() for m in rollable]))
-        month_rows = _roll_up_into(warehouse, check, "month", rollable, of_months, F.trunc("day", "month"), days,
-                                   restated)
+        month_rows = _roll_up_into(warehouse, check, "month", rollable,
+                                   T.roll_up(of_months, "month", F.trunc("day", "month")), days, restated)
         failures += _judge(check, month_rows)
     daily.unpersist()
     check.record()
