@@ -17,7 +17,7 @@ from traffic.accounting.close.ledger import (_arrow_sums, _children_summary, _ju
                                              _ledger_row, _published, _recheck, _side_table_runs, _sources_between,
                                              _store, _sums)
 from traffic.accounting.parts import AMOUNTS, group_sums
-from traffic.core.periods import (as_utc, day_start, days_of_month, hours_between, hours_of_day, month_start,
+from traffic.core.periods import (as_utc, day_start, days_between, days_of_month, hours_between, hours_of_day, month_start,
                                   next_month, period_end)
 from traffic.core.settings import Settings
 from traffic.quality.suites import Validation
@@ -79,7 +79,7 @@ def roll_up_days(settings: Settings, warehouse: Warehouse, days: list[date], fro
     rollable = _ready(starts, lambda day: hours_of_day(day, state.first_hour or day), hours)
     day_rows = []
     if rollable:
-        day_rows = _roll_up_into(warehouse, check, "day", rollable, _days_in_arrow(warehouse, rollable), hours,
+        day_rows = _roll_up_into(warehouse, check, "day", rollable, _rolled_in_arrow(warehouse, "day", rollable), hours,
                                  restated)
         failures += _judge(check, day_rows)
     hourly.unpersist()
@@ -102,36 +102,39 @@ def _ready(periods: list, parts_of, ledger: dict) -> list:
     return ready
 
 
-def _days_in_arrow(warehouse: Warehouse, days: list[datetime]) -> pa.Table:
-    """The ``daily`` rows of ``days``: each day's final hourly rows summed per address pair in Arrow.
+def _rolled_in_arrow(warehouse: Warehouse, grain: str, periods: list[datetime]) -> pa.Table:
+    """The rows of ``periods`` of a day (``daily``) or a month (``monthly``): their parts' final rows (hourly or
+    daily) summed per address pair in Arrow.
 
-    The hours were grouped per pair when they were frozen; a day adds up at most 24 such groups, which
-    Arrow does on the driver faster than a Spark shuffle into the one task that writes a day (measured:
-    ~1.35 M hourly rows, 9.6 s so). Hours are read a few at a time and folded into the day's running
-    sums, so memory stays near one day's distinct pairs, not all its hourly rows. Sums are
-    overflow-checked (``group_sums``): a pair past 2**63 − 1 stops the roll-up with one line.
+    The parts were grouped per pair when they were made; a period adds up at most 24 or 31 such groups,
+    which Arrow does on the driver faster than a Spark shuffle into the one task that writes a period
+    (measured: a day of ~1.35 M hourly rows, 9.6 s so). Parts are read a few at a time and folded into
+    the period's running sums, so memory stays near one period's distinct pairs, not all its parts'
+    rows. Sums are overflow-checked (``group_sums``): a pair past 2**63 − 1 stops the roll-up in one line.
     """
+    finer, parts_of = ("hourly", hours_between) if grain == "day" else ("daily", days_between)
+    final = (pc.field("status") == "final") if grain == "day" else None  # daily rows are final by making
     amounts = {c: (c, "sum") for c in AMOUNTS}
-    schema = arrow_schema("daily")
+    schema = arrow_schema(_ROLLED_UP[grain])
     out = []
-    for day in days:
-        running, pending = None, []
-        hours = hours_between(day, period_end(day, "day"))
-        for i in range(0, len(hours), _HOURS_PER_FOLD):
-            rows = warehouse.table("hourly").read_arrow(keys=hours[i:i + _HOURS_PER_FOLD],
-                                                        columns=["local_ip", "remote_ip", *AMOUNTS],
-                                                        filter=pc.field("status") == "final")
-            pending = [running, rows] if running is not None else [rows]
-            running = group_sums(pa.concat_tables(pending), ["local_ip", "remote_ip"], amounts)
-        size = running.num_rows
-        out.append(running.append_column("day", pa.array([day.date()] * size, pa.date32()))
-                   .append_column("month", pa.array([day.date().replace(day=1)] * size, pa.date32()))
-                   .select(schema.names).cast(schema))
+    for start in periods:
+        running = None
+        parts = parts_of(start, period_end(start, grain))
+        for i in range(0, len(parts), _PARTS_PER_FOLD):
+            rows = warehouse.table(finer).read_arrow(keys=parts[i:i + _PARTS_PER_FOLD],
+                                                     columns=["local_ip", "remote_ip", *AMOUNTS], filter=final)
+            running = group_sums(pa.concat_tables([running, rows] if running is not None else [rows]),
+                                 ["local_ip", "remote_ip"], amounts)
+        stamps = {"day": start.date(), "month": start.date().replace(day=1)}
+        for column in ("day", "month"):
+            if column in schema.names:
+                running = running.append_column(column, pa.array([stamps[column]] * running.num_rows, pa.date32()))
+        out.append(running.select(schema.names).cast(schema))
     return pa.concat_tables(out) if out else schema.empty_table()
 
 
-#: Hours of hourly rows read before they are folded into a day's running sums (``_days_in_arrow``).
-_HOURS_PER_FOLD = 4
+#: Parts (hours, days) read before they are folded into a period's running sums (``_rolled_in_arrow``).
+_PARTS_PER_FOLD = 4
 
 
 def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[datetime], rolled,
@@ -223,9 +226,8 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
     rollable = _ready(months, lambda month: days_of_month(month, state.first_hour or month), days)
     month_rows = []
     if rollable:
-        of_months = daily.where(F.trunc("day", "month").isin([m.date() for m in rollable]))
-        month_rows = _roll_up_into(warehouse, check, "month", rollable,
-                                   T.roll_up(of_months, "month", F.trunc("day", "month")), days, restated)
+        month_rows = _roll_up_into(warehouse, check, "month", rollable, _rolled_in_arrow(warehouse, "month", rollable),
+                                   days, restated)
         failures += _judge(check, month_rows)
     daily.unpersist()
     check.record()
