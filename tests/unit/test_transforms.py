@@ -13,7 +13,6 @@ from datetime import date, datetime, timezone
 import pandas
 import pytest
 from pyspark.errors import PySparkAssertionError
-from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from traffic.accounting import transforms as T
@@ -94,22 +93,6 @@ def test_hourly_totals_per_pair(spark, packets):
         (at(11), "10.0.0.1", "192.0.2.7", 1007, 11, 1000, 0, date(2026, 11, 1), "open"),
     ], "hour timestamp, local_ip string, remote_ip string, bytes long, packets long, bytes_in long, bytes_out long, "
        "day date, status string")
-    both_ways(actual, expected)
-
-
-def test_roll_up_sums_a_pair_into_its_day(spark):
-    hourly = spark.createDataFrame([
-        (at(10), "10.0.0.1", "192.0.2.7", 1960, 4, 1500, 400),
-        (at(23), "10.0.0.1", "192.0.2.7", 40, 1, 0, 40),
-        (at(0, day=2), "10.0.0.1", "192.0.2.7", 5, 1, 5, 0),
-        (at(11), "10.0.0.2", "192.0.2.7", 8, 2, 8, 0),
-    ], "hour timestamp, local_ip string, remote_ip string, bytes long, packets long, bytes_in long, bytes_out long")
-    actual = T.roll_up(hourly, "day", F.to_date("hour"))
-    expected = spark.createDataFrame([
-        (date(2026, 11, 1), "10.0.0.1", "192.0.2.7", 2000, 5, 1500, 440),
-        (date(2026, 11, 2), "10.0.0.1", "192.0.2.7", 5, 1, 5, 0),
-        (date(2026, 11, 1), "10.0.0.2", "192.0.2.7", 8, 2, 8, 0),
-    ], "day date, local_ip string, remote_ip string, bytes long, packets long, bytes_in long, bytes_out long")
     both_ways(actual, expected)
 
 

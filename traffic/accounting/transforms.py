@@ -35,15 +35,6 @@ def hourly_totals(packets: DataFrame, status: str) -> DataFrame:
     )
 
 
-def roll_up(rows: DataFrame, period_column: str, period: F.Column) -> DataFrame:
-    """Sum per-pair rows into a coarser period (daily from hourly, monthly from daily)."""
-    return (
-        rows.withColumn(period_column, period)
-        .groupBy(period_column, "local_ip", "remote_ip")
-        .agg(*[F.sum(c).cast("long").alias(c) for c in AMOUNTS])
-    )
-
-
 def pane_start(ts_column: str = "ts") -> F.Column:
     """The start of the 5-minute pane of a timestamp."""
     return F.timestamp_seconds(F.floor(F.unix_seconds(F.col(ts_column)) / PANE_SECONDS) * PANE_SECONDS)
