@@ -19,6 +19,7 @@ import pytest
 
 from traffic.quality import one_pass
 from traffic.quality.suite_documents import as_period, suite_document
+from traffic.quality.suites import _viewed
 from traffic.storage.schemas import arrow_schema
 
 UTC = timezone.utc
@@ -62,11 +63,6 @@ def _nullable():
 
     return {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype(), pa.int16(): pd.Int16Dtype(),
             pa.bool_(): pd.BooleanDtype()}.get
-
-
-def _viewed(frame, meta: dict):
-    view = meta.get("view") or {}
-    return frame.selectExpr("*", *[f"{expr} AS `{name}`" for name, expr in view.items()]) if view else frame
 
 
 def _gx_counts(spark_frame, suite: str) -> dict[tuple[int, datetime], int]:

@@ -26,9 +26,7 @@ def at(day: int, hour: int) -> datetime:
 
 @pytest.fixture
 def warehouse(tmp_path):
-    (tmp_path / "inbox").mkdir()
-    house = Warehouse(load_settings(environ={}, overrides={"warehouse": tmp_path / "w", "inbox": tmp_path / "inbox",
-                                                           "engine": "rs"}))
+    house = Warehouse(load_settings(environ={}, overrides={"warehouse": tmp_path / "w"}), engine="rs")
     house.create_all()
     return house
 
@@ -53,8 +51,9 @@ def test_a_day_is_the_sum_of_its_final_hours_per_pair_across_folds(warehouse):
             + [(at(1, 5), "10.0.0.2", "192.0.2.7", 7, 2, "final"),
                (at(1, 6), "10.0.0.3", "192.0.2.9", 999, 9, "open"),  # not final: not rolled up
                (at(2, 1), "10.0.0.1", "192.0.2.7", 5, 1, "final")])
-    rolled = _rolled_in_arrow(warehouse, "day", [at(1, 0), at(2, 0)])
+    rolled, sums = _rolled_in_arrow(warehouse, "day", [at(1, 0), at(2, 0)])
     assert rolled.schema == arrow_schema("daily")
+    assert sums == {at(1, 0): [sum(100 + i for i in range(8)) + 7, 10], at(2, 0): [5, 1]}  # what it read
     assert _pairs(rolled, "day") == {
         (date(2026, 11, 1), "10.0.0.1", "192.0.2.7"): (sum(100 + i for i in range(8)), 8, sum(100 + i for i in range(8)), 0),
         (date(2026, 11, 1), "10.0.0.2", "192.0.2.7"): (7, 2, 7, 0),
@@ -70,7 +69,7 @@ def test_a_month_is_the_sum_of_its_days(warehouse):
         [{"day": d, "month": date(2026, 11, 1), "local_ip": "10.0.0.1", "remote_ip": "192.0.2.7", "bytes": 10 * d.day,
           "packets": 1, "bytes_in": 0, "bytes_out": 10 * d.day} for d in days], schema=schema),
         keys=[datetime(d.year, d.month, d.day, tzinfo=UTC) for d in days])
-    rolled = _rolled_in_arrow(warehouse, "month", [datetime(2026, 11, 1, tzinfo=UTC)])
+    rolled, _ = _rolled_in_arrow(warehouse, "month", [datetime(2026, 11, 1, tzinfo=UTC)])
     assert rolled.schema == arrow_schema("monthly")
     assert _pairs(rolled, "month") == {(date(2026, 11, 1), "10.0.0.1", "192.0.2.7"): (420, 4, 0, 420)}
 

@@ -17,8 +17,8 @@ from traffic.accounting.close.ledger import (_arrow_sums, _children_summary, _ju
                                              _ledger_row, _published, _recheck, _side_table_runs, _sources_between,
                                              _store, _sums)
 from traffic.accounting.parts import AMOUNTS, group_sums
-from traffic.core.periods import (as_utc, day_start, days_between, days_of_month, hours_between, hours_of_day, month_start,
-                                  next_month, period_end)
+from traffic.core.periods import (as_utc, day_start, days_between, days_of_month, hours_between, hours_of_day,
+                                  month_start, period_end)
 from traffic.core.settings import Settings
 from traffic.quality.suites import Validation
 from traffic.storage import state as st
@@ -42,13 +42,12 @@ def roll_up_days(settings: Settings, warehouse: Warehouse, days: list[date], fro
     ledger = st.read_ledger(warehouse, keys=sorted({month_start(s) for s in starts}))
     hours = {r["period_start"]: r for r in ledger if r["grain"] == "hour" and begin <= r["period_start"] < end}
     check = Validation(warehouse, "days", [("day", s) for s in starts], list(hours.values()))
-    hourly = warehouse.table("hourly").read(key_min=begin, key_max=end).persist()
     recheck = sorted(h for h in hours if h not in frozen_now)
     failures: list[str] = []
     changed: list[dict] = []
     if recheck:
         periods = [("hour", h) for h in recheck]
-        rows_of = hourly.where(F.col("hour").isin(recheck)) if len(recheck) < len(hours) else hourly
+        rows_of = warehouse.table("hourly").read(keys=recheck)
         # As when they were frozen: the row suite checks the hours that have rows, every hour its ledger row.
         with_rows = {as_utc(h) for h in warehouse.table("hourly").read_arrow(keys=recheck, columns=["hour"])
                      .column("hour").to_pylist()}
@@ -79,10 +78,8 @@ def roll_up_days(settings: Settings, warehouse: Warehouse, days: list[date], fro
     rollable = _ready(starts, lambda day: hours_of_day(day, state.first_hour or day), hours)
     day_rows = []
     if rollable:
-        day_rows = _roll_up_into(warehouse, check, "day", rollable, _rolled_in_arrow(warehouse, "day", rollable), hours,
-                                 restated)
+        day_rows = _roll_up_into(warehouse, check, "day", rollable, hours, restated)
         failures += _judge(check, day_rows)
-    hourly.unpersist()
     check.record()
     st.write_ledger_rows(warehouse, _store(changed + day_rows), op="roll_up")
     return [s.date() for s in rollable], failures, check
@@ -102,9 +99,11 @@ def _ready(periods: list, parts_of, ledger: dict) -> list:
     return ready
 
 
-def _rolled_in_arrow(warehouse: Warehouse, grain: str, periods: list[datetime]) -> pa.Table:
+def _rolled_in_arrow(warehouse: Warehouse, grain: str, periods: list[datetime]
+                     ) -> tuple[pa.Table, dict[datetime, list[int]]]:
     """The rows of ``periods`` of a day (``daily``) or a month (``monthly``): their parts' final rows (hourly or
-    daily) summed per address pair in Arrow.
+    daily) summed per address pair in Arrow; and per period the [Σ bytes, Σ packets] of the parts read,
+    which the rolled rows as stored must equal (the ``periods`` suite's reconciliation).
 
     The parts were grouped per pair when they were made; a period adds up at most 24 or 31 such groups,
     which Arrow does on the driver faster than a Spark shuffle into the one task that writes a period
@@ -112,54 +111,47 @@ def _rolled_in_arrow(warehouse: Warehouse, grain: str, periods: list[datetime]) 
     the period's running sums, so memory stays near one period's distinct pairs, not all its parts'
     rows. Sums are overflow-checked (``group_sums``): a pair past 2**63 − 1 stops the roll-up in one line.
     """
-    finer, parts_of = ("hourly", hours_between) if grain == "day" else ("daily", days_between)
+    finer, part, parts_of = ("hourly", "hour", hours_between) if grain == "day" else ("daily", "day", days_between)
     final = (pc.field("status") == "final") if grain == "day" else None  # daily rows are final by making
     amounts = {c: (c, "sum") for c in AMOUNTS}
     schema = arrow_schema(_ROLLED_UP[grain])
-    out = []
+    out, sums = [], {}
     for start in periods:
-        running = None
+        running, total = None, [0, 0]
         parts = parts_of(start, period_end(start, grain))
         for i in range(0, len(parts), _PARTS_PER_FOLD):
             rows = warehouse.table(finer).read_arrow(keys=parts[i:i + _PARTS_PER_FOLD],
-                                                     columns=["local_ip", "remote_ip", *AMOUNTS], filter=final)
+                                                     columns=[part, "local_ip", "remote_ip", *AMOUNTS], filter=final)
+            for size, count in _arrow_sums(rows, part).values():
+                total[0], total[1] = total[0] + size, total[1] + count
+            rows = rows.drop_columns([part])
             running = group_sums(pa.concat_tables([running, rows] if running is not None else [rows]),
                                  ["local_ip", "remote_ip"], amounts)
+        sums[start] = total
         stamps = {"day": start.date(), "month": start.date().replace(day=1)}
         for column in ("day", "month"):
             if column in schema.names:
                 running = running.append_column(column, pa.array([stamps[column]] * running.num_rows, pa.date32()))
         out.append(running.select(schema.names).cast(schema))
-    return pa.concat_tables(out) if out else schema.empty_table()
+    return (pa.concat_tables(out) if out else schema.empty_table()), sums
 
 
 #: Parts (hours, days) read before they are folded into a period's running sums (``_rolled_in_arrow``).
 _PARTS_PER_FOLD = 4
 
 
-def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[datetime], rolled,
+def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[datetime],
                   parts_by_start: dict[datetime, dict], restated: str | None) -> list[dict]:
-    """What a day's and a month's roll-up share: write the rolled rows into the coarser table (replacing its
-    periods), check them as stored, and build their ledger rows (their verdicts are set by the caller,
-    ``_judge``). ``rolled``: the periods' rows (Arrow for days, Spark for months); ``parts_by_start``: the
-    parts' ledger rows by start.
+    """What a day's and a month's roll-up share: sum the parts into the coarser table (``_rolled_in_arrow``,
+    replacing its periods), check the rows as stored, and build their ledger rows (their verdicts are set
+    by the caller, ``_judge``). ``parts_by_start``: the parts' ledger rows by start.
     """
     table = _ROLLED_UP[grain]
     keys = rollable
+    rolled, from_parts = _rolled_in_arrow(warehouse, grain, rollable)
     warehouse.table(table).replace(rolled, keys=keys, op="roll_up")
     rolled = warehouse.table(table).read(keys=keys)
     stored = _arrow_sums(warehouse.table(table).read_arrow(keys=keys, columns=[grain, "bytes", "packets"]), grain)
-    # What the rolled rows must add up to: the parts' final rows as stored, summed in Arrow (their period
-    # column and amounts only), not a second Spark pass over the rows just grouped.
-    finer_table, part_column = ("hourly", "hour") if grain == "day" else ("daily", "day")
-    part_sums = _arrow_sums(warehouse.table(finer_table).read_arrow(
-        keys=sorted(s for s in parts_by_start if rollable[0] <= s < period_end(rollable[-1], grain)),
-        columns=[part_column, "bytes", "packets"],
-        filter=(pc.field("status") == "final") if grain == "day" else None), part_column)
-    from_parts: dict[datetime, list[int]] = {}
-    for part, (size, count) in part_sums.items():
-        entry = from_parts.setdefault(day_start(part.date()) if grain == "day" else month_start(part), [0, 0])
-        entry[0], entry[1] = entry[0] + size, entry[1] + count
     periods = [(grain, s) for s in rollable]
     check.validate(table, rolled, periods, asset=f"{table}.{grain}s")
     history = st.watermark_history(warehouse)
@@ -196,21 +188,17 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
     Like ``roll_up_days`` one level up: a day found corrupt (its rows no longer add up to its
     ledger row) is marked failed and its month waits. Returns (months rolled, failures, check).
     """
-    from pyspark.sql import functions as F
-
     months = sorted(months)
-    begin, end = months[0], next_month(months[-1])
     ledger = st.read_ledger(warehouse, keys=months)
     days = {r["period_start"]: r for r in ledger if r["grain"] == "day"}
     hours = [r for r in ledger if r["grain"] == "hour"]
     check = Validation(warehouse, "months", [("month", m) for m in months], list(days.values()))
-    daily = warehouse.table("daily").read(key_min=begin, key_max=end).persist()
     recheck = sorted(d for d in days if d not in rolled_now)
     failures: list[str] = []
     changed: list[dict] = []
     if recheck:
         periods = [("day", d) for d in recheck]
-        rows_of = daily.where(F.col("day").isin([d.date() for d in recheck]))
+        rows_of = warehouse.table("daily").read(keys=recheck)
         check.validate("daily", rows_of, periods, asset="daily.recheck")
         sums = _arrow_sums(warehouse.table("daily").read_arrow(keys=recheck,
                                                                 columns=["day", "bytes", "packets"]), "day")
@@ -226,10 +214,8 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
     rollable = _ready(months, lambda month: days_of_month(month, state.first_hour or month), days)
     month_rows = []
     if rollable:
-        month_rows = _roll_up_into(warehouse, check, "month", rollable, _rolled_in_arrow(warehouse, "month", rollable),
-                                   days, restated)
+        month_rows = _roll_up_into(warehouse, check, "month", rollable, days, restated)
         failures += _judge(check, month_rows)
-    daily.unpersist()
     check.record()
     st.write_ledger_rows(warehouse, _store(changed + month_rows), op="roll_up")
     return rollable, failures, check
