@@ -44,6 +44,17 @@ def spark():
     session.stop()
 
 
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """A real S3-compatible server (SeaweedFS's ``weed mini``) on 127.0.0.1 for the session: its bucket ``lake``;
+    each test takes a prefix of its own (``seaweed.url(...)``) and the AWS variables from ``seaweed.environ()``."""
+    from tests.support.seaweed import start
+
+    server = start(tmp_path_factory.mktemp("seaweed"))
+    yield server
+    server.stop()
+
 # -- scheduling on two workers -----------------------------------------------------------------
 #: The longest files, longest first (measured alone on 2 cores: e2e ~6 min, crash ~5.5 min,
 #: month ~3.5 min, then 1-2 min each). ``scripts/test.sh`` runs pytest with ``--dist loadfile

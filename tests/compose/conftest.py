@@ -25,7 +25,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tarfile
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.airflow_api import AirflowApi
+from tests.support.sockets import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_ROOT = Path(os.environ.get("TRAFFIC_TEST_DOCKER_ROOT", "/var/tmp/traffic-test-docker"))
@@ -116,14 +116,6 @@ def compose_command(env: dict) -> list[str]:
     if shutil.which("docker-compose"):
         return ["docker-compose"]
     raise NoEngine("neither `docker compose` nor `docker-compose` is installed")
-
-
-def free_port() -> int:
-    """A 127.0.0.1 port nothing holds right now. Another process may bind it before Docker does: ``Stack.up``
-    then chooses again."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 #: How many UI ports ``Stack.up`` tries before it fails (each was free when chosen, then taken before Docker bound it).

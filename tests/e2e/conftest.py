@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -37,6 +36,7 @@ import pytest
 
 from tests.support.airflow_api import AirflowApi, backfill_completed, create_backfill, failed_task_logs, write_router_feed  # noqa: F401 (tests import the feed from here)
 from tests.conftest import SUITE_ENGINE
+from tests.support.sockets import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 UTC = timezone.utc
@@ -53,12 +53,6 @@ MAX_ACTIVE_RUNS = (1, 2, 4)
 #: What the supervisor of `make airflow` prints when a component dies (it then restarts it).
 COMPONENT_DIED = "exited unexpectedly"
 SCHEDULER_LOOP_DIED = "Exception when executing SchedulerJob._run_scheduler_loop"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -224,7 +218,7 @@ def airflow(tmp_path_factory):
         # A free port can be taken by another test's server between our look and the API server's bind:
         # then start again on another one (three tries, then the failure says so).
         for attempt in range(3):
-            env["AIRFLOW__API__PORT"] = str(_free_port())
+            env["AIRFLOW__API__PORT"] = str(free_port())
             try:
                 process, api, password = _start(env, home, database, log)
                 break

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from pathlib import Path
 
 
@@ -44,3 +45,10 @@ def socket_inodes(pid: int) -> set[int]:
     except OSError:
         pass
     return inodes
+
+
+def free_port() -> int:
+    """A 127.0.0.1 port nothing holds right now (another process may bind it before the caller does)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -1,0 +1,161 @@
+"""Where a warehouse or an inbox lives on object storage: ``s3://bucket/prefix`` and how to reach it.
+
+An S3-compatible store is named by a URL; the endpoint, region and credentials come from the
+standard AWS variables (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_ALLOW_HTTP``), as every S3 client reads
+them. One ``ObjectLocation`` hands each client what it needs: an ``obstore`` store (conditional
+puts, the lease), delta-rs's storage options, an Arrow filesystem, and Spark's ``s3a`` settings.
+Credentials are never part of its text: ``str`` and ``repr`` show the URL and endpoint only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+from urllib.parse import urlsplit
+
+#: The URL schemes taken as S3 (``s3a`` is Hadoop's name for the same store).
+SCHEMES = ("s3", "s3a")
+
+
+class LocationError(ValueError):
+    """An object-storage location that cannot be used; the message says which part and why."""
+
+
+def is_object_url(value) -> bool:
+    """Whether a setting's value names object storage (``s3://…``) rather than a folder."""
+    return isinstance(value, str) and value.split("://", 1)[0].lower() in SCHEMES and "://" in value
+
+
+@dataclass(frozen=True)
+class ObjectLocation:
+    """A bucket and a key prefix on an S3-compatible store, with the settings to reach it."""
+
+    bucket: str
+    prefix: str  # no leading or trailing "/"; "" for the bucket's root
+    endpoint: str | None = None
+    region: str = "us-east-1"
+    allow_http: bool = False
+    _secrets: tuple[tuple[str, str], ...] = field(default=(), repr=False, compare=False)
+
+    @classmethod
+    def parse(cls, url: str, environ: Mapping[str, str] | None = None) -> "ObjectLocation":
+        """``s3://bucket/prefix`` with the endpoint, region and credentials of ``environ`` (default: the
+        process's environment)."""
+        env = os.environ if environ is None else environ
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in SCHEMES:
+            raise LocationError(f"{url!r} is not an object-storage URL (expected s3://bucket/prefix)")
+        if not parts.netloc:
+            raise LocationError(f"{url!r} names no bucket (expected s3://bucket/prefix)")
+        if parts.query or parts.fragment or "@" in parts.netloc:
+            raise LocationError(f"{url!r}: give the endpoint and credentials in AWS_* variables, not in the URL")
+        prefix = parts.path.strip("/")
+        if any(segment in ("", ".", "..") for segment in prefix.split("/")) and prefix:
+            raise LocationError(f"{url!r} has an empty, '.' or '..' segment in its prefix")
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
+        if endpoint and urlsplit(endpoint).scheme not in ("http", "https"):
+            raise LocationError(f"AWS_ENDPOINT_URL {endpoint!r} is not an http(s) URL")
+        allow = env.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true", "yes") or bool(
+            endpoint and endpoint.startswith("http://"))
+        secrets = tuple((name, env[name]) for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                                       "AWS_SESSION_TOKEN") if env.get(name))
+        return cls(parts.netloc, prefix, endpoint.rstrip("/") if endpoint else None,
+                   env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1", allow, secrets)
+
+    # -- text: never the credentials ----------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+    def __str__(self) -> str:
+        return self.url if not self.endpoint else f"{self.url} (at {self.endpoint})"
+
+    def child(self, *names: str) -> "ObjectLocation":
+        """The location ``names`` below this one (same store, same credentials)."""
+        prefix = "/".join(p.strip("/") for p in (self.prefix, *names) if p.strip("/"))
+        return ObjectLocation(self.bucket, prefix, self.endpoint, self.region, self.allow_http, self._secrets)
+
+    def key(self, name: str = "") -> str:
+        """The object key of ``name`` under the prefix."""
+        return "/".join(p for p in (self.prefix, name.strip("/")) if p)
+
+    @property
+    def _secret(self) -> dict[str, str]:
+        return dict(self._secrets)
+
+    # -- clients ------------------------------------------------------------------------
+    def store(self):
+        """An ``obstore`` store rooted at the prefix: conditional puts by ETag (If-Match, If-None-Match)."""
+        from obstore.store import S3Store  # deferred: only object-storage locations need it
+
+        config = {"region": self.region, "conditional_put": "etag"}
+        if self.endpoint:
+            config["endpoint"] = self.endpoint
+        secret = self._secret
+        if "AWS_ACCESS_KEY_ID" in secret:
+            config["access_key_id"] = secret["AWS_ACCESS_KEY_ID"]
+            config["secret_access_key"] = secret.get("AWS_SECRET_ACCESS_KEY", "")
+        if "AWS_SESSION_TOKEN" in secret:
+            config["token"] = secret["AWS_SESSION_TOKEN"]
+        if not secret:
+            config["skip_signature"] = True
+        return S3Store(self.bucket, prefix=self.prefix or None, config=config,
+                       client_options={"allow_http": self.allow_http})
+
+    def delta_options(self) -> dict[str, str]:
+        """delta-rs's ``storage_options``: safe concurrent commits by conditional put, never an unsafe rename."""
+        options = {"AWS_REGION": self.region, "conditional_put": "etag",
+                   "AWS_ALLOW_HTTP": "true" if self.allow_http else "false"}
+        if self.endpoint:
+            options["AWS_ENDPOINT_URL"] = self.endpoint
+        options.update(self._secret)
+        return options
+
+    def arrow_filesystem(self):
+        """A ``pyarrow.fs.S3FileSystem`` for this store; paths on it are ``bucket/key``."""
+        from pyarrow import fs  # deferred: only object-storage locations need it
+
+        secret = self._secret
+        kwargs = {"region": self.region, "allow_bucket_creation": False, "allow_bucket_deletion": False}
+        if self.endpoint:
+            split = urlsplit(self.endpoint)
+            kwargs["endpoint_override"] = split.netloc + split.path
+            kwargs["scheme"] = split.scheme
+        if "AWS_ACCESS_KEY_ID" in secret:
+            kwargs["access_key"] = secret["AWS_ACCESS_KEY_ID"]
+            kwargs["secret_key"] = secret.get("AWS_SECRET_ACCESS_KEY", "")
+            kwargs["session_token"] = secret.get("AWS_SESSION_TOKEN")
+        else:
+            kwargs["anonymous"] = True
+        return fs.S3FileSystem(**kwargs)
+
+    def arrow_path(self, name: str = "") -> str:
+        """``bucket/key`` of ``name``: a path on ``arrow_filesystem``."""
+        return "/".join(p for p in (self.bucket, self.key(name)) if p)
+
+    def s3a_uri(self, name: str = "") -> str:
+        """The URL Spark's Hadoop S3A connector reads and writes."""
+        return f"s3a://{self.arrow_path(name)}"
+
+    def s3a_conf(self) -> dict[str, str]:
+        """Spark settings for ``s3a`` on this store: path-style access for an endpoint of one's own, the
+        credentials, and Delta's S3 log store (safe for one writing driver at a time: the lease)."""
+        conf = {
+            "spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+            "spark.hadoop.fs.s3a.endpoint.region": self.region,
+            "spark.delta.logStore.s3a.impl": "io.delta.storage.S3SingleDriverLogStore",
+            "spark.delta.logStore.s3.impl": "io.delta.storage.S3SingleDriverLogStore",
+        }
+        if self.endpoint:
+            conf["spark.hadoop.fs.s3a.endpoint"] = self.endpoint
+            conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+            conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "false" if self.allow_http else "true"
+        secret = self._secret
+        if "AWS_ACCESS_KEY_ID" in secret:
+            conf["spark.hadoop.fs.s3a.access.key"] = secret["AWS_ACCESS_KEY_ID"]
+            conf["spark.hadoop.fs.s3a.secret.key"] = secret.get("AWS_SECRET_ACCESS_KEY", "")
+            if "AWS_SESSION_TOKEN" in secret:
+                conf["spark.hadoop.fs.s3a.session.token"] = secret["AWS_SESSION_TOKEN"]
+        return conf
