@@ -123,6 +123,11 @@ def warehouse_totals(warehouse: Path) -> dict:
 
     hourly = DeltaTable(str(warehouse / "hourly")).to_pyarrow_table(columns=["bytes", "packets", "status"])
     late = DeltaTable(str(warehouse / "late_packets")).to_pyarrow_table(columns=["bytes"])
+    return totals_of(hourly, late)
+
+
+def totals_of(hourly, late) -> dict:
+    """Σ bytes / packets / rows and statuses of hourly, Σ bytes and rows of late_packets (Arrow tables)."""
     statuses = pc.value_counts(hourly.column("status")).to_pylist() if hourly.num_rows else []
     return {
         "hourly_bytes": int(pc.sum(hourly.column("bytes")).as_py() or 0),

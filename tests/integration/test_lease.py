@@ -12,9 +12,8 @@ import uuid
 import obstore
 import pytest
 
-from traffic.storage.journal import LockTimeout
 from traffic.storage.lease import LEASE_KEY, Lease, LeaseHeld, LeaseKeeper, LeaseLost, lease_lock
-from traffic.storage.location import ObjectLocation
+from traffic.core.location import ObjectLocation
 
 
 @pytest.fixture
@@ -77,7 +76,7 @@ def test_the_keeper_renews_a_live_holder_past_its_time_to_live(store):
 def test_lease_lock_waits_then_fails_naming_the_holder(store):
     with lease_lock(store, "traffic ingest", timeout_seconds=5, ttl=10):
         started = time.monotonic()
-        with pytest.raises(LockTimeout, match=r"traffic ingest \(host .*\) holds its lease"):
+        with pytest.raises(LeaseHeld, match=r"traffic ingest \(host .*\) holds the warehouse's lease .* \(waited 1 s\)"):
             with lease_lock(store, "traffic close", timeout_seconds=1.0, ttl=10, poll=0.1):
                 pass
         assert 1.0 <= time.monotonic() - started < 5

@@ -10,6 +10,7 @@ as a warehouse whose close neither merges nor vacuums.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -37,7 +38,7 @@ def _run(harness: Harness) -> None:
 
 
 def _on_disk(table) -> set[str]:
-    return {p.relative_to(table.path).as_posix() for p in table.path.rglob("*.parquet") if "_delta_log" not in p.parts}
+    return {p.relative_to(Path(table.path)).as_posix() for p in Path(table.path).rglob("*.parquet") if "_delta_log" not in p.parts}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,7 @@ def test_only_live_files_stay_on_disk(runs):
         table = kept.warehouse().table(name)
         live = {f.path for f in table.files()}
         assert _on_disk(table) == live, name
-        folders = [p for p in table.path.rglob("*") if p.is_dir() and "_delta_log" not in p.parts]
+        folders = [p for p in Path(table.path).rglob("*") if p.is_dir() and "_delta_log" not in p.parts]
         assert all(any(folder.iterdir()) for folder in folders), name  # no empty folder left behind
     # Without the vacuum, every file a commit ever removed is still there.
     hourly = plain.warehouse().table("hourly")

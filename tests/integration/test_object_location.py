@@ -15,7 +15,7 @@ from obstore.exceptions import AlreadyExistsError, PreconditionError
 
 from tests.support.seaweed import ACCESS_KEY, SECRET_KEY
 from tests.support.sockets import socket_inodes, tcp_listening
-from traffic.storage.location import LocationError, ObjectLocation, is_object_url
+from traffic.core.location import LocationError, ObjectLocation, is_object_url
 
 
 def _location(seaweed, name: str | None = None) -> ObjectLocation:

@@ -56,7 +56,8 @@ DAY, NEXT_DAY, MONTH, NEXT_MONTH = "2026-10-31", "2026-11-01", "2026-10-01", "20
 PUBLISHED = ("passed", "warning", "accepted")
 VIEWS = ("hourly", "daily", "monthly", "periods", "panes")
 BLOCK = re.compile(r"^```(python[^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
-TAGS = {"python": "run", "python delta-jars": "jars", "python session": "never"}
+TAGS = {"python": "run", "python delta-jars": "jars", "python session": "never",
+        "python s3": "s3"}  # run by tests/integration/test_object_storage.py on a warehouse on SeaweedFS
 
 
 def build_demo_warehouse(root: Path, spark) -> Harness:

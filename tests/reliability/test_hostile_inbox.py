@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.harness import Harness, feed_line, micros
+from traffic.storage.place import Place
 from traffic.io import inbox as inbox_mod
 from traffic.core.records import MAX_REASON_CHARS
 from traffic.storage.journal import Journal
@@ -104,7 +105,7 @@ def test_a_reader_that_fails_costs_its_chunk_one_reject_not_the_task(tmp_path, m
     monkeypatch.setattr(B, "parse_bytes", broken)
     outcome = B.run_chunk(row, rules, load_settings(environ={}))
     assert outcome["problem"] is None
-    rejects = feather.read_table(str(parts.part_path(str(tmp_path), "rejects", 0, 0))).to_pylist()
+    rejects = feather.read_table(str(parts.part_path(Place.of(tmp_path), "rejects", 0, 0))).to_pylist()
     assert [(r["record"], r["reason"].split(";")[0]) for r in rejects] == [
         (f"r1/f.csv bytes 0-{len(data)}",
          "could not be read as router-feed (RecursionError: maximum recursion depth exceeded)")]

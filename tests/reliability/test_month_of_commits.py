@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
@@ -100,7 +101,7 @@ def simulate_month(root, setattr, measure_reads: bool = False):
             table.vacuum(retention_hours=0)
             newest = cluster_key((now - timedelta(minutes=5)).replace(minute=0), "hour")
             logs = sum(1 for name in os.listdir(log_dir) if name.endswith(".json"))
-            on_disk = sum(1 for p in table.path.rglob("*.parquet") if "_delta_log" not in p.parts)
+            on_disk = sum(1 for p in Path(table.path).rglob("*.parquet") if "_delta_log" not in p.parts)
             curve.append((day, len(table.files()), logs, read_latency(table, newest) if measure_reads else None,
                           on_disk))
     return settings, table, curve

@@ -113,7 +113,7 @@ def start(folder: Path) -> Seaweed:
 def _bucket_ready(server: Seaweed) -> bool:
     """Whether S3 answers and the bucket exists (a put and a delete go through)."""
     try:
-        from traffic.storage.location import ObjectLocation  # deferred: tests import this module early
+        from traffic.core.location import ObjectLocation  # deferred: tests import this module early
 
         import obstore
 

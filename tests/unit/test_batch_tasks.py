@@ -11,6 +11,7 @@ from datetime import date, datetime, timedelta, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from traffic.storage.place import Place
 from traffic.accounting import batch_tasks as B
 from traffic.accounting import parts
 from traffic.accounting.panes import Mapping, account_parts
@@ -134,9 +135,9 @@ def test_a_batch_whose_tasks_left_per_address_pane_parts_still_gets_its_account_
                           "packets": parts.weights(packets)})
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    parts.save_part(str(scratch), "panes", 0, 0, old_parts.slice(0, 3))
-    parts.save_part(str(scratch), "panes", 1, 0, old_parts.slice(3))
-    read = SimpleNamespace(scratch=scratch, attempts={0: 0, 1: 0})
+    parts.save_part(Place.of(scratch), "panes", 0, 0, old_parts.slice(0, 3))
+    parts.save_part(Place.of(scratch), "panes", 1, 0, old_parts.slice(3))
+    read = SimpleNamespace(scratch=Place.of(scratch), attempts={0: 0, 1: 0})
     warehouse = SimpleNamespace(settings=SimpleNamespace(accounts_file=accounts))
     got = writes.account_pane_parts(warehouse, read)
 
@@ -147,8 +148,8 @@ def test_a_batch_whose_tasks_left_per_address_pane_parts_still_gets_its_account_
     assert {(r["account"], r["mapping_version"].split("@")[0], r["bytes"]) for r in got.to_pylist()} == {
         ("acme", "v1", 30), (UNASSIGNED, "v1", 40), ("beta", "v2", 80), (UNASSIGNED, "v2", 160)}
     # This version's tasks leave account parts: those are read as they are.
-    parts.save_part(str(scratch), "accounts", 0, 0, account_parts(packets, Mapping.of(accounts)))
-    parts.save_part(str(scratch), "accounts", 1, 0, account_parts(packets.slice(0, 0), Mapping.of(accounts)))
+    parts.save_part(Place.of(scratch), "accounts", 0, 0, account_parts(packets, Mapping.of(accounts)))
+    parts.save_part(Place.of(scratch), "accounts", 1, 0, account_parts(packets.slice(0, 0), Mapping.of(accounts)))
     assert rows(writes.account_pane_parts(warehouse, read)) == rows(got)
 
 
@@ -270,9 +271,9 @@ def test_a_freeze_task_writes_an_hour_from_its_files_and_compares_it_with_the_op
     written = pq.read_table(tmp_path / "h" / "k=2026-11-01T10" / "part-c00003-a0.parquet").to_pylist()
     assert [(r["bytes"], r["packets"], r["bytes_in"], r["bytes_out"], r["status"]) for r in written] == [
         (180, 4, 100, 50, "final")]
-    raw = parts.read_parts(str(tmp_path / "scratch"), "raw", {3: 0}).to_pylist()
+    raw = parts.read_parts(Place.of(tmp_path / "scratch"), "raw", {3: 0}).to_pylist()
     assert [(r["hour"], r["bytes"], r["packets"]) for r in raw] == [(hour, 180, 4)]
-    assert parts.read_parts(str(tmp_path / "scratch"), "differing", {3: 0}).to_pylist() == [{"hour": hour, "n": 2}]
+    assert parts.read_parts(Place.of(tmp_path / "scratch"), "differing", {3: 0}).to_pylist() == [{"hour": hour, "n": 2}]
     # Pane rows leave the task attributed to accounts (none here: every address unassigned).
     panes = pq.read_table(tmp_path / "p" / "k=2026-11-01T10" / "part-c00003-a0.parquet").to_pylist()
     assert {(r["account"], r["status"]) for r in panes} == {("unassigned", "final")}

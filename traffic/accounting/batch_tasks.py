@@ -36,6 +36,7 @@ from traffic.accounting.parts import (SUMMARY, REJECT_ROWS, TELEMETRY_STATE, _PA
 from traffic.core.periods import HOUR_US, PANE_US, late_mask, micros
 from traffic.core.records import MAX_REASON_CHARS, PACKET, PARSED_SCHEMA, REJECT as REJECT_KIND
 from traffic.storage.staging import write_staged
+from traffic.storage.place import Place
 from traffic.io.files import PieceChanged, read_piece
 from traffic.io.readers import CAPTURE, CSV_HEADER, FLOWS, parse_bytes, unreadable_chunk
 from traffic.io.telemetry import LOST_SCHEMA, TelemetryRules, TelemetryState, read_telemetry
@@ -76,12 +77,15 @@ class Rules:
     time_range: tuple[datetime, datetime] | None
     packets: object | None  # delta.Staged for on-time packets, or None when they are already committed
     late_packets: object | None
-    scratch: str
+    scratch: Place
     settings_doc: dict
     flow_states: dict = field(default_factory=dict)  # telemetry state per source before the batch (JSON)
     attempt: int = 0
     #: The accounts file the batch's open panes are attributed with (none: every address ``unassigned``).
     mapping: Mapping = field(default_factory=Mapping)
+
+    def __post_init__(self):
+        object.__setattr__(self, "scratch", Place.of(self.scratch))  # a folder's path given: the place it names
 
 
 def _stamp(ts: pa.Array) -> pa.Array:

@@ -38,6 +38,7 @@ from traffic.accounting.parts import (
     weights,
 )
 from traffic.storage.staging import write_staged
+from traffic.storage.place import Place
 from traffic.storage.schemas import arrow_schema
 from traffic.accounting.panes import account_parts, sum_pane_rows
 
@@ -52,21 +53,24 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Hour:
-    """One hour to freeze: its start, its raw files and its ``hourly`` files (absolute paths)."""
+    """One hour to freeze: its start, its raw files and its ``hourly`` files (local or on the warehouse's store)."""
 
     hour: datetime
-    packets: tuple[str, ...]
-    open_rows: tuple[str, ...]
+    packets: tuple[Place, ...]
+    open_rows: tuple[Place, ...]
 
 
 @dataclass(frozen=True)
 class Job:
     """What every task of one freeze shares (pickled to the executors)."""
 
-    scratch: str
+    scratch: Place
     hourly: object  # delta.Staged
     panes: object  # delta.Staged
     mapping: object  # panes.Mapping
+
+    def __post_init__(self):
+        object.__setattr__(self, "scratch", Place.of(self.scratch))  # a folder's path given: the place it names
 
 
 def share_out(items: Iterable[tuple[T, int]], tasks: int) -> list[list[T]]:
@@ -136,8 +140,8 @@ def freeze_hour(hour: Hour, job: Job, part: str) -> tuple[pa.Table, pa.Table, in
 
     parts: dict[str, list[pa.Table]] = {"hourly": [], "accounts": [], "raw": []}
     rows = 0
-    for path in hour.packets:
-        packets = pq.read_table(path, columns=COLUMNS, schema=_RAW_SCHEMA)
+    for place in map(Place.of, hour.packets):
+        packets = pq.read_table(place.fs_path, columns=COLUMNS, schema=_RAW_SCHEMA, filesystem=place.fs)
         rows += packets.num_rows
         parts["hourly"].append(hourly_parts(packets))
         parts["accounts"].append(account_parts(packets, job.mapping))
@@ -146,8 +150,8 @@ def freeze_hour(hour: Hour, job: Job, part: str) -> tuple[pa.Table, pa.Table, in
     final = sum_hourly(_concat(parts["hourly"], HOURLY_PARTS), "final")
     write_staged(final, job.hourly, part)
     write_staged(sum_pane_rows(_concat(parts["accounts"], ACCOUNT_PARTS), "final"), job.panes, part)
-    open_rows = pa.concat_tables([pq.read_table(path, columns=["hour", "local_ip", "remote_ip", *AMOUNTS])
-                                  .cast(HOURLY_PARTS) for path in hour.open_rows]) \
+    open_rows = pa.concat_tables([pq.read_table(place.fs_path, columns=["hour", "local_ip", "remote_ip", *AMOUNTS],
+                                                filesystem=place.fs).cast(HOURLY_PARTS) for place in map(Place.of, hour.open_rows)]) \
         if hour.open_rows else HOURLY_PARTS.empty_table()
     return sum_raw(_concat(parts["raw"], RAW_SUMS)), rows_differing(final, open_rows), rows
 

@@ -7,13 +7,16 @@ sums and the Spark transforms share these shapes and sums, so executor code need
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from traffic.core.periods import PANE_US  # noqa: F401 - panes and tests floor to it through this module
+
+if TYPE_CHECKING:
+    from traffic.storage.place import Place
 
 _TS = pa.timestamp("us", tz="UTC")
 #: Rows below which the driver sums hourly parts in one piece (splitting costs more than it saves).
@@ -179,8 +182,9 @@ def hourly_parts(packets: pa.Table) -> pa.Table:
                        "bytes_out": ("bytes_out", "sum")}, HOURLY_PARTS)
 
 
-def part_path(scratch: str, what: str, chunk: int, attempt: int) -> Path:
-    return Path(scratch) / f"{what}-c{chunk:05d}-a{attempt}.arrow"
+def part_path(scratch: Place, what: str, chunk: int, attempt: int) -> Place:
+    """Where a task leaves one kind of part in a job's scratch folder (local, or on the warehouse's store)."""
+    return scratch / f"{what}-c{chunk:05d}-a{attempt}.arrow"
 
 
 def file_part(chunk: int, attempt: int) -> str:
@@ -188,25 +192,30 @@ def file_part(chunk: int, attempt: int) -> str:
     return f"part-c{chunk:05d}-a{attempt}"
 
 
-def save_part(scratch: str, what: str, chunk: int, attempt: int, table: pa.Table) -> None:
+def save_part(scratch: Place, what: str, chunk: int, attempt: int, table: pa.Table) -> None:
     """Leave one kind of part of one task in the scratch folder (read back with ``read_parts``)."""
     import pyarrow.feather as feather
 
-    feather.write_feather(table.cast(_PARTS[what]), str(part_path(scratch, what, chunk, attempt)),
-                          compression="uncompressed")
+    place = part_path(scratch, what, chunk, attempt)
+    if place.is_local:
+        feather.write_feather(table.cast(_PARTS[what]), place.uri, compression="uncompressed")
+        return
+    with place.open_output() as stream:  # on a store the object appears whole when the stream closes
+        feather.write_feather(table.cast(_PARTS[what]), stream, compression="uncompressed")
 
 
-def has_parts(scratch: str, what: str, attempts: dict[int, int]) -> bool:
+def has_parts(scratch: Place, what: str, attempts: dict[int, int]) -> bool:
     """Whether every chunk's final attempt left this kind of part."""
     return all(part_path(scratch, what, chunk, attempt).exists() for chunk, attempt in attempts.items())
 
 
-def read_parts(scratch: str, what: str, attempts: dict[int, int]) -> pa.Table:
+def read_parts(scratch: Place, what: str, attempts: dict[int, int]) -> pa.Table:
     """One kind of part left by the tasks, from each chunk's final attempt."""
     import pyarrow.feather as feather
 
-    tables = [feather.read_table(str(part_path(scratch, what, chunk, attempt)))
-              for chunk, attempt in sorted(attempts.items())]
+    places = [part_path(scratch, what, chunk, attempt) for chunk, attempt in sorted(attempts.items())]
+    tables = [feather.read_table(place.uri) if place.is_local else feather.read_table(place.read_bytes_buffer())
+              for place in places]
     return pa.concat_tables([t.cast(_PARTS[what]) for t in tables]) if tables else _PARTS[what].empty_table()
 
 

@@ -343,7 +343,7 @@ def cmd_spark(args, settings, spark) -> int:
     from traffic.runtime import connect  # deferred: per command (see the docstring)
     from traffic.storage.warehouse import Warehouse  # deferred: per command (see the docstring)
 
-    state_dir = Warehouse.reader(settings).state_dir()
+    state_dir = Warehouse.reader(settings).host_dir()
     if args.action == "start":
         clock = time.perf_counter()
         print("starting Spark Connect (127.0.0.1) …", file=sys.stderr, flush=True)

@@ -26,13 +26,13 @@ from traffic.reporting.metrics import written_after
 from traffic.runtime import jvm
 from traffic.runtime.spark import start_spark
 from traffic.storage.warehouse import Warehouse
-from traffic.storage.journal import Journal, warehouse_lock
+from traffic.storage.journal import Journal
 
 
 def ingest(settings: Settings, spark_factory: Callable[[], object], progress=print) -> BatchResult:
     """Run one micro-batch (resuming an interrupted one first). Holds the warehouse lock."""
     warehouse = Warehouse(settings, spark=spark_factory)
-    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic ingest"), \
+    with warehouse.lock("traffic ingest"), \
             written_after(warehouse, progress) as metrics:
         warehouse.create_all()
         journal = Journal(warehouse.state_dir())
@@ -83,7 +83,7 @@ def close(settings: Settings, spark_factory: Callable[[], object], until: dateti
     run still writes everything else it may, then raises ``CheckFailed`` (CLI exit 3).
     """
     warehouse = Warehouse(settings, spark=spark_factory)
-    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic close"), \
+    with warehouse.lock("traffic close"), \
             written_after(warehouse, progress) as metrics:
         warehouse.create_all()
         finished = finish_pending(settings, warehouse, spark_factory, progress)
@@ -102,7 +102,7 @@ def replay(settings: Settings, spark_factory: Callable[[], object], input_dir: P
            end: datetime, source: str | None = None, restate: str | None = None, progress=print):
     """Import the archive for ``[start, end)`` and close what the watermark allows, under the lock."""
     warehouse = Warehouse(settings, spark=spark_factory)
-    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic replay"), \
+    with warehouse.lock("traffic replay"), \
             written_after(warehouse, progress) as metrics:
         warehouse.create_all()
         finish_pending(settings, warehouse, spark_factory, progress)
@@ -127,7 +127,7 @@ def refresh_metrics(settings: Settings, progress=print) -> None:
     """Rewrite ``metrics.prom`` under the warehouse lock, after a change that is not a job (``traffic accept``
     turns a failed period into an accepted one); a failure to write is a warning, as after a job."""
     warehouse = Warehouse.reader(settings)
-    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic accept"), \
+    with warehouse.lock("traffic accept"), \
             written_after(warehouse, progress):
         pass
 

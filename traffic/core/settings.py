@@ -22,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Mapping
 from traffic.core.accounts import AccountsError, load_accounts
+from traffic.core.location import LocationError, ObjectLocation
 from traffic.core.records import canonical_ip, source_problem
 
 
@@ -147,7 +148,7 @@ def _connect_url(name: str, value: str) -> str:
 class Settings:
     """Every knob of the pipeline. Durations are ``timedelta``; paths are absolute."""
 
-    warehouse: Path = Path("./warehouse")
+    warehouse: Path | str = Path("./warehouse")  # a folder, or s3://bucket/prefix (object storage)
     inbox: Path = Path("./inbox")
     replay_roots: tuple[Path, ...] = ()  # empty: the inbox and ``archive`` beside it (``replay_folders``)
     keep_hours: int = 24
@@ -168,6 +169,9 @@ class Settings:
     min_file_age: timedelta = timedelta(0)
     partial_line_grace: timedelta = timedelta(minutes=5)
     lock_timeout: timedelta = timedelta(minutes=10)
+    # A warehouse on object storage: how long its lease lasts unless renewed (a live job renews it every
+    # third of this; a crashed job's lease is taken over once it has run out).
+    lease_ttl: timedelta = timedelta(seconds=30)
     engine: str = "auto"
     spark_master: str = "auto"
     spark_jit: str = "auto"
@@ -234,8 +238,25 @@ class Settings:
         return build_settings(dataclasses.asdict(self) | changes)
 
 
+def _at_least(name: str, value: timedelta, floor: timedelta) -> timedelta:
+    if value < floor:
+        raise SettingsError(f"{name}: {value.total_seconds():g} s is too short (at least {floor.total_seconds():g} s)")
+    return value
+
+
+def _parse_place(name: str, value) -> Path | str:
+    """A local folder (made absolute) or an object-storage URL (``s3://bucket/prefix``, checked, kept as text)."""
+    text = str(value)
+    if "://" not in text:
+        return Path(text).expanduser().absolute()
+    try:
+        return ObjectLocation.parse(text, {}).url
+    except LocationError as error:
+        raise SettingsError(f"{name}: {error}") from None
+
+
 _PARSERS = {
-    "warehouse": lambda n, v: Path(v).expanduser().absolute(),
+    "warehouse": lambda n, v: _parse_place(n, v),
     "inbox": lambda n, v: Path(v).expanduser().absolute(),
     "replay_roots": lambda n, v: _parse_folders(n, v),
     "keep_hours": lambda n, v: _parse_int(n, v, 0, MAX_KEEP_HOURS),
@@ -254,6 +275,7 @@ _PARSERS = {
     "min_file_age": parse_duration,
     "partial_line_grace": parse_duration,
     "lock_timeout": parse_duration,
+    "lease_ttl": lambda n, v: _at_least(n, parse_duration(n, v), timedelta(seconds=3)),
     "engine": lambda n, v: _choice(n, v, ("auto", "rs", "spark")),
     "spark_master": lambda n, v: str(v),
     "spark_jit": lambda n, v: _choice(n, v, JIT_MODES),

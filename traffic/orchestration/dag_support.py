@@ -130,13 +130,11 @@ def decide_close(settings, end: datetime) -> CloseDecision:
     from traffic.core.periods import starts  # deferred: DAG parsing stays light
     from traffic.storage import schemas, state as st  # deferred: DAG parsing stays light
     from traffic.storage.warehouse import Warehouse  # deferred: DAG parsing stays light
-    from traffic.storage.journal import warehouse_lock  # deferred: DAG parsing stays light
 
     warehouse = Warehouse.reader(settings)
     if not warehouse.exists():
         return CloseDecision()  # no data yet: nothing to close
-    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(),
-                        "the traffic_hourly close task (deciding)"):
+    with warehouse.lock("the traffic_hourly close task (deciding)"):
         if not all(warehouse.table(name).exists() for name in schemas.TABLES):
             return CloseDecision(planned=False)
         plan = plan_close(settings, warehouse, end)

@@ -20,14 +20,13 @@ import fcntl
 import html
 import json
 import logging
-import os
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Callable, Iterable
 
 from airflow.sdk import BaseNotifier
 
 from traffic.core.text import printable
+from traffic.storage.place import Place
 
 log = logging.getLogger(__name__)
 
@@ -122,30 +121,28 @@ class AlertNotifier(BaseNotifier):
 
 # -- the record of sent alerts -----------------------------------------------------------------
 
-def sent_path(warehouse) -> Path:
+def sent_path(warehouse) -> Place:
     return warehouse.state_dir() / SENT_FILE
 
 
 def read_sent(warehouse) -> set[str]:
     """The ids of the alerts already sent."""
-    path = sent_path(warehouse)
-    return set(json.loads(path.read_text())["sent"]) if path.exists() else set()
+    try:
+        return set(json.loads(sent_path(warehouse).read_text())["sent"])
+    except FileNotFoundError:
+        return set()
 
 
 def _record_sent(warehouse, sent: set[str]) -> None:
-    path = sent_path(warehouse)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"sent": sorted(sent)}, indent=1))
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    tmp.replace(path)  # a reader never sees half a record
+    sent_path(warehouse).write_atomic(json.dumps({"sent": sorted(sent)}, indent=1))  # never half a record
 
 
 @contextmanager
 def _one_notifier(warehouse):
     """One notifier at a time per warehouse (a scheduled run beside a backfill); not the warehouse lock, so a
-    slow mail server never holds up ingest and close."""
-    with open(warehouse.state_dir() / "alerts-sent.lock", "a+") as handle:
+    slow mail server never holds up ingest and close. For a warehouse on object storage, one per host: README,
+    not done."""
+    with open(warehouse.host_dir() / "alerts-sent.lock", "a+") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -73,14 +73,14 @@ def _say_delta_engine(settings) -> None:
 def _warm_server(settings) -> tuple[str, str] | None:
     """The answering warm server's URL (with its token) and how to name it in a log; None, said why, if none."""
     from traffic.runtime.connect import answers, client_url, recorded_server  # deferred: DAG parsing stays light
-    from traffic.storage.journal import state_folder  # deferred: DAG parsing stays light
+    from traffic.storage.journal import host_folder  # deferred: DAG parsing stays light
 
     url = shown = settings.spark_connect
     if not url:
         log.info("Spark: spark-submit (no warm Spark Connect server is configured: spark_connect is empty)")
         return None
     if url == "auto":
-        record = recorded_server(state_folder(settings.warehouse))
+        record = recorded_server(host_folder(settings.warehouse))
         if record is None:
             log.info("Spark: spark-submit (no warm Spark Connect server runs for %s: `traffic spark start` keeps one)",
                      settings.warehouse)

@@ -9,7 +9,6 @@ import pyarrow as pa
 from traffic.core.periods import month_start
 from traffic.quality.suite_documents import Outcome, period_label
 from traffic.storage import state as st
-from traffic.storage.journal import warehouse_lock
 from traffic.storage.warehouse import Warehouse
 
 UTC = timezone.utc
@@ -54,7 +53,7 @@ def accept(settings, period: str, reason: str, by: str, now: datetime | None = N
     warehouse = Warehouse(settings, spark=spark)
     if not warehouse.exists():
         raise AcceptError(f"no warehouse at {settings.warehouse}")
-    with warehouse_lock(warehouse.state_dir(), settings.lock_timeout.total_seconds(), "traffic accept"):
+    with warehouse.lock("traffic accept"):
         rows = st.read_ledger(warehouse, grain, keys=[month_start(start)])
         row = next((r for r in rows if r["period_start"] == start), None)
         label = f"{grain} {period_label(grain, start)}"

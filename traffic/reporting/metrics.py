@@ -21,7 +21,6 @@ half a file. Writing it never fails a job (``written_after``): a failure is a wa
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -41,7 +40,8 @@ from traffic.reporting.report import telemetry_health
 from traffic.storage import state as st
 from traffic.storage.table import StorageError
 from traffic.storage.warehouse import Warehouse
-from traffic.storage.journal import pending_batch, state_folder
+from traffic.storage.journal import host_folder, pending_batch, state_folder
+from traffic.storage.place import Place
 
 UTC = timezone.utc
 #: The file node_exporter's textfile collector reads (it takes ``*.prom`` files of a folder).
@@ -81,7 +81,7 @@ def metrics_path(warehouse: Warehouse) -> Path:
     return reports_dir(warehouse) / METRICS_FILE
 
 
-def _state_path(warehouse: Warehouse) -> Path:
+def _state_path(warehouse: Warehouse) -> Place:
     return state_folder(warehouse.root) / STATE_FILE
 
 
@@ -136,7 +136,7 @@ def _account_bytes(warehouse: Warehouse, watermark: datetime | None) -> tuple[st
     ledger row (a day rolled up again, by a restatement, is summed again); only the final hours after
     the last rolled-up day are read each time, so the cost stays that of a day, not of the month so far.
     """
-    cache = DerivedCache(state_folder(warehouse.root) / CACHE_FOLDER)
+    cache = DerivedCache(host_folder(warehouse.root) / CACHE_FOLDER)
     if watermark is None:
         _forget(cache)
         return None, []
@@ -205,10 +205,8 @@ def record_close(warehouse: Warehouse, steps: str, seconds: float, failed_checks
     closes = doc.setdefault("close", {})
     closes[steps] = {"seconds": seconds, "failed_checks": failed_checks,
                      "finished_at": (finished or datetime.now(UTC)).isoformat()}
-    path = warehouse.state_dir() / STATE_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-    tmp.replace(path)
+    warehouse.state_dir()
+    _state_path(warehouse).write_atomic(json.dumps(doc, indent=1, sort_keys=True))
 
 
 def steps_label(only: Iterable[str] | None) -> str:

@@ -13,7 +13,7 @@ from traffic.runtime import jvm
 from traffic.runtime.connect import (CONNECT_SESSION_CONF, DELTA_CONF, client_url, delta_classpath,
                                      plain_channel_builder, plain_with_token, recorded_server)
 from traffic.storage.engine import choose_engine
-from traffic.storage.journal import state_folder
+from traffic.storage.journal import host_folder
 from traffic.core.settings import Settings
 
 
@@ -31,7 +31,7 @@ def resolve_master(settings: Settings) -> str:
     if settings.spark_master != "auto":
         return settings.spark_master
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        record = recorded_server(state_folder(settings.warehouse))
+        record = recorded_server(host_folder(settings.warehouse))
         if record:
             return client_url(record)
     return LOCAL_MASTER

@@ -6,13 +6,17 @@ logs the choice can ask without sitting above the tables.
 
 from __future__ import annotations
 
+from traffic.core.location import is_object_url
 from traffic.core.settings import Settings, delta_classpath
 
 
 def choose_engine(settings: Settings) -> str:
-    """``rs`` or ``spark``: ``auto`` picks ``spark`` where Delta's jars are in ``spark_jars_dir``."""
+    """``rs`` or ``spark``: ``auto`` picks ``spark`` where Delta's jars are in ``spark_jars_dir``, except for a
+    warehouse on object storage, where only ``rs`` writes yet (README, not done)."""
     if settings.engine != "auto":
         return settings.engine
+    if is_object_url(str(settings.warehouse)):
+        return "rs"
     return "spark" if delta_classpath(settings.spark_jars_dir) else "rs"
 
 
@@ -23,6 +27,8 @@ def engine_reason(settings: Settings) -> str:
         return f"{engine} (engine = {settings.engine})"
     if engine == "spark":
         return f"spark (delta-spark, Delta's jars in {settings.spark_jars_dir})"
+    if is_object_url(str(settings.warehouse)):
+        return "rs (delta-rs: the warehouse is on object storage, where delta-spark does not write yet)"
     return f"rs (delta-rs: no Delta jars in {settings.spark_jars_dir or 'spark_jars_dir (not set)'})"
 
 

@@ -1,4 +1,5 @@
-"""The warehouse's run state on disk: one job at a time (the lock), and the plan of the batch in progress."""
+"""The warehouse's run state: one job at a time (the lock, or on object storage the lease), and the plan of the
+batch in progress."""
 
 from __future__ import annotations
 
@@ -9,20 +10,32 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from traffic.storage.place import Place
+
 
 #: The warehouse's folder for its run state (journal, lock, scratch, staging, the Spark Connect record).
 STATE_FOLDER = "_traffic"
 
 
-def state_folder(warehouse_root: Path | str) -> Path:
+def state_folder(warehouse_root: Place | Path | str) -> Place:
     """Where a warehouse keeps its run state (not a table); it may not exist yet."""
-    return Path(warehouse_root) / STATE_FOLDER
+    return Place.of(warehouse_root) / STATE_FOLDER
 
 
-def pending_batch(warehouse_root: Path | str) -> dict | None:
+def host_folder(warehouse_root: Place | Path | str, name: str = STATE_FOLDER) -> Path:
+    """Where this host keeps what is its own for a warehouse (the warm Spark Connect server's record, caches,
+    the HTML reports and Data Docs): ``<warehouse>/<name>`` on a local disk; for a warehouse on object
+    storage, ``$TRAFFIC_HOST_DIR/<bucket>/<prefix>/<name>`` (default ``~/.cache/traffic``)."""
+    root = Place.of(warehouse_root)
+    if root.is_local:
+        return root.local / name
+    base = Path(os.environ.get("TRAFFIC_HOST_DIR") or Path.home() / ".cache" / "traffic").expanduser()
+    return base / root.location.bucket / root.location.prefix / name
+
+
+def pending_batch(warehouse_root: Place | Path | str) -> dict | None:
     """The plan of a batch that was started and not finished, read without creating anything."""
-    folder = state_folder(warehouse_root)
-    return Journal(folder).load() if folder.is_dir() else None
+    return Journal(state_folder(warehouse_root)).load()
 
 
 class LockTimeout(RuntimeError):
@@ -36,28 +49,62 @@ class Journal:
     clock), so every table write is an idempotent repeat.
     """
 
-    def __init__(self, state_dir: Path):
-        self.path = state_dir / "pending-batch.json"
+    def __init__(self, state_dir: Place):
+        self.path = Place.of(state_dir) / "pending-batch.json"
 
     def load(self) -> dict | None:
-        if not self.path.exists():
+        try:
+            return json.loads(self.path.read_text())
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        return json.loads(self.path.read_text())
 
     def save(self, plan: dict) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(plan, indent=1, default=str))
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        tmp.replace(self.path)
+        self.path.write_atomic(json.dumps(plan, indent=1, default=str))
 
     def clear(self) -> None:
-        self.path.unlink(missing_ok=True)
+        self.path.unlink()
+
+
+#: The lease each warehouse on object storage is held by in this process (its root's URI -> the keeper):
+#: what a commit checks first (``check_lease``).
+_LEASES: dict[str, object] = {}
 
 
 @contextmanager
-def warehouse_lock(state_dir: Path, timeout_seconds: float, holder: str):
-    """One job at a time per warehouse (ingest, close, replay): the loser waits, then fails clearly."""
+def warehouse_lock(state_dir: Place | Path, timeout_seconds: float, holder: str, lease_ttl: float = 30.0):
+    """One job at a time per warehouse (ingest, close, replay): the loser waits, then fails clearly. On a
+    local disk an ``flock``; on object storage the warehouse's lease (``traffic.storage.lease``), renewed
+    while the job runs and checked before every commit (``check_lease``)."""
+    state_dir = Place.of(state_dir)
+    if state_dir.is_local:
+        with _file_lock(state_dir.local, timeout_seconds, holder):
+            yield
+        return
+    from traffic.storage.lease import LeaseHeld, lease_lock  # deferred: only a warehouse on object storage has one
+
+    root = state_dir.parent.uri
+    try:
+        with lease_lock(state_dir.location.store(), holder, timeout_seconds, ttl=lease_ttl) as keeper:
+            _LEASES[root] = keeper
+            try:
+                yield
+            finally:
+                _LEASES.pop(root, None)
+    except LeaseHeld as held:
+        raise LockTimeout(f"the warehouse is busy: {held}; retry when it has finished") from None
+
+
+def check_lease(root: Place) -> None:
+    """Before a commit to a warehouse on object storage: ``LeaseLost`` unless this process still holds its
+    lease. Nothing to check on a local disk (the ``flock`` cannot be lost) or where no lock was taken
+    (a test's, or a tool's single writes)."""
+    keeper = _LEASES.get(root.uri)
+    if keeper is not None:
+        keeper.check()
+
+
+@contextmanager
+def _file_lock(state_dir: Path, timeout_seconds: float, holder: str):
     path = state_dir / "lock"
     handle = open(path, "a+")
     deadline = time.monotonic() + timeout_seconds

@@ -28,10 +28,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from traffic.storage.journal import LockTimeout, STATE_FOLDER
-
-#: The lease object, under the warehouse's prefix.
-LEASE_KEY = f"{STATE_FOLDER}/lease.json"
+#: The lease object, under the warehouse's prefix: in its run-state folder (``journal.STATE_FOLDER``).
+LEASE_KEY = "_traffic/lease.json"
 #: How far apart two hosts' clocks may be; a holder stops committing this long before its expiry.
 MAX_SKEW = 2.0
 
@@ -39,8 +37,9 @@ MAX_SKEW = 2.0
 class LeaseHeld(RuntimeError):
     """Someone else holds a lease that has not expired."""
 
-    def __init__(self, holder: str, seconds_left: float):
-        super().__init__(f"{holder} holds the warehouse's lease for {seconds_left:.0f} s more")
+    def __init__(self, holder: str, seconds_left: float, waited: float | None = None):
+        waiting = f" (waited {waited:.0f} s)" if waited is not None else ""
+        super().__init__(f"{holder} holds the warehouse's lease for {seconds_left:.0f} s more{waiting}")
         self.holder, self.seconds_left = holder, seconds_left
 
 
@@ -178,9 +177,9 @@ class LeaseKeeper:
 
 @contextmanager
 def lease_lock(store, holder: str, timeout_seconds: float, ttl: float = 30.0, poll: float = 0.5):
-    """One job at a time on a warehouse on object storage (``warehouse_lock``'s twin): the loser waits up
-    to ``timeout_seconds``, then fails naming the holder. Yields the ``LeaseKeeper`` (``check()`` it before
-    each commit)."""
+    """One job at a time on a warehouse on object storage (``journal.warehouse_lock`` uses it): the loser waits
+    up to ``timeout_seconds``, then raises ``LeaseHeld`` naming the holder. Yields the ``LeaseKeeper``
+    (``check()`` it before each commit)."""
     lease = Lease(store, describe_holder(holder), ttl)
     deadline = time.monotonic() + timeout_seconds
     while True:
@@ -189,9 +188,7 @@ def lease_lock(store, holder: str, timeout_seconds: float, ttl: float = 30.0, po
             break
         except LeaseHeld as held:
             if time.monotonic() >= deadline:
-                raise LockTimeout(
-                    f"the warehouse is busy: {held.holder} holds its lease (waited {timeout_seconds:.0f} s, "
-                    f"{held.seconds_left:.0f} s left on it); retry when it has finished") from None
+                raise LeaseHeld(held.holder, held.seconds_left, waited=timeout_seconds) from None
             time.sleep(poll)
     try:
         with LeaseKeeper(lease) as keeper:

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from traffic.storage import schemas
 from traffic.storage.keys import key_groups
+from traffic.storage.place import Place
 
 #: Tables of raw detail: big, and a batch's rows fall in few keys.
 RAW_TABLES = frozenset({"packets", "late_packets", "rejects"})
@@ -36,7 +37,10 @@ class Staged:
     """
 
     table: str
-    folder: str
+    folder: Place  # under the table's root (rs) or the warehouse's staging folder (spark), local or on a store
+
+    def __post_init__(self):
+        object.__setattr__(self, "folder", Place.of(self.folder))  # a path or URI given: the place it names
 
 
 def conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -57,16 +61,17 @@ def statistics(table: str) -> bool | list[str]:
         if table in RAW_TABLES else True
 
 
-def write_keyed(data: pa.Table, table: str, dest: Path, part: str, threads: int = 1) -> int:
+def write_keyed(data: pa.Table, table: str, dest: Place | Path, part: str, threads: int = 1) -> int:
     """Write ``data`` (conformed to ``table``'s schema) into ``dest``: one ``k=<key>/<part>.parquet`` per cluster key
     (``threads`` files at a time)."""
+    dest = Place.of(dest)
     data = conform(data, schemas.arrow_schema(table))
     if data.num_rows == 0:
         return 0
     cluster = schemas.cluster(table)
     if cluster is None:
-        dest.mkdir(parents=True, exist_ok=True)
-        pq.write_table(data, dest / f"{part}.parquet")
+        dest.mkdir()
+        write_file(data, dest / f"{part}.parquet", True)
         return data.num_rows
     index, keys = key_groups(data.column(cluster.column), cluster.grain)
     # Rows already in key order (a feed in time order) are written as slices, without a copy.
@@ -77,9 +82,9 @@ def write_keyed(data: pa.Table, table: str, dest: Path, part: str, threads: int 
     def write(position: int) -> None:
         lo, hi = int(bounds[position]), int(bounds[position + 1])
         folder = dest / f"k={keys[position]}"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir()
         part_rows = data.slice(lo, hi - lo) if in_order else data.take(pa.array(order[lo:hi]))
-        pq.write_table(part_rows, folder / f"{part}.parquet", write_statistics=statistics(table))
+        write_file(part_rows, folder / f"{part}.parquet", statistics(table))
 
     present = [p for p in range(len(keys)) if bounds[p + 1] > bounds[p]]
     if threads > 1 and len(present) > 1:
@@ -93,10 +98,15 @@ def write_keyed(data: pa.Table, table: str, dest: Path, part: str, threads: int 
 
 def write_staged(data: pa.Table, staged: Staged, part: str) -> int:
     """Write rows into a staged folder (on an executor or the driver); returns the rows written."""
-    return write_keyed(data, staged.table, Path(staged.folder), part)
+    return write_keyed(data, staged.table, staged.folder, part)
 
 
 def discard_staged(staged: Staged, part: str) -> None:
     """Remove the files named ``part`` from a staged folder (a task's output that will not be committed)."""
-    for path in Path(staged.folder).glob(f"**/{part}.parquet"):
-        path.unlink()
+    for entry in list(staged.folder.files(f"{part}.parquet")):
+        entry.place.unlink()
+
+
+def write_file(rows: pa.Table, target: Place, write_statistics) -> None:
+    """One parquet file, on local disk or a store (where the object appears whole when the write ends)."""
+    pq.write_table(rows, target.fs_path, filesystem=target.fs, write_statistics=write_statistics)

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 
 from traffic.storage import schemas
 from traffic.storage.keys import (KEY_LENGTH, KEY_SEGMENT, NULL_KEY, SPAN_FIRST, SPAN_GRAIN, SPARK_KEY_FORMATS,
@@ -130,7 +131,7 @@ class Table:
         return [p for k, p in wanted.items() if k in found]
 
     def paths_by_period(self, periods) -> dict | None:
-        """Each period's data files, as (absolute path, size) pairs in commit order; files of a merged
+        """Each period's data files, as (``Place``, size) pairs in commit order; files of a merged
         span, keyed by the span, are not listed (freezing reads hours not merged yet). None when a file
         that may hold one of the periods holds other spans too (a file another writer made): the
         periods' rows are then to be read by key (``read``), not file by file."""
@@ -140,7 +141,7 @@ class Table:
             if f.key == WIDE or (self._is_span(f.key) and not KEY_SEGMENT.search(f.path)):
                 return None  # rows of several periods in a file another writer made (its statistics say so)
             if f.key in wanted:
-                paths.setdefault(wanted[f.key], []).append((str(self.path / f.path), f.size))
+                paths.setdefault(wanted[f.key], []).append((self.path / f.path, f.size))
         return paths
 
     def staging(self) -> Staged:
@@ -202,7 +203,7 @@ class Table:
             cached.update_incremental()
             return cached
         try:
-            snapshot = DeltaTable(str(self.path))
+            snapshot = DeltaTable(self.path.uri, storage_options=self.path.delta_options())
         except Exception as error:  # noqa: BLE001 - delta-rs raises several kinds here
             if not (self.path / "_delta_log").is_dir():
                 raise StorageError(
@@ -378,13 +379,18 @@ class Table:
         """Distinct cluster keys present (sorted); a merged or WIDE file's are read from its rows."""
         files = self.files()
         keys = {f.key for f in files if f.key is not None and not self._is_span(f.key) and f.key != WIDE}
-        spans = [str(self.path / f.path) for f in files if self._is_span(f.key) or f.key == WIDE]
+        spans = [f for f in files if self._is_span(f.key) or f.key == WIDE]
         if spans:
-            column = pads.dataset(spans, schema=self.arrow_schema).to_table(columns=[self.cluster.column]).column(0)
+            column = self._dataset(spans).to_table(columns=[self.cluster.column]).column(0)
             keys |= {k for k in key_groups(column, self.cluster.grain)[1] if k != NULL_KEY}
         return sorted(keys)
 
     # -- reads --------------------------------------------------------------------------
+    def _dataset(self, files: list[DataFile]) -> pads.Dataset:
+        """An Arrow dataset of these data files, wherever the table lives."""
+        return pads.dataset([(self.path / f.path).fs_path for f in files], schema=self.arrow_schema,
+                            format="parquet", filesystem=self.path.fs)
+
     def read_arrow(self, keys=None, key_min=None, key_max=None, columns=None, filter=None) -> pa.Table:
         """Read without Spark (driver-side, for small tables and checks)."""
         keys, key_min, key_max = self._key_list(keys), self.key_of(key_min), self.key_of(key_max)
@@ -392,7 +398,7 @@ class Table:
         if not files:
             table = self.arrow_schema.empty_table()
             return table.select(columns) if columns else table
-        dataset = pads.dataset([str(self.path / f.path) for f in files], schema=self.arrow_schema, format="parquet")
+        dataset = self._dataset(files)
         if not self._span_read(files, keys, key_min, key_max):
             return dataset.to_table(columns=columns, filter=filter)
         column = self.cluster.column
@@ -411,8 +417,30 @@ class Table:
         schema = schemas.spark_schema(self.name)
         if not files:
             return spark.createDataFrame([], schema)
-        df = spark.read.schema(schema).parquet(*[str(self.path / f.path) for f in files])
+        if self.path.is_local:
+            df = spark.read.schema(schema).parquet(*[str(self.path / f.path) for f in files])
+        else:
+            df = read_in_tasks(spark, self.name, [self.path / f.path for f in files])
         return df.where(self._where(keys, key_min, key_max)) if self._span_read(files, keys, key_min, key_max) else df
+
+
+#: At most this many Spark tasks read one table's files from object storage (each reads its share in turn).
+READ_TASKS = 16
+
+
+def read_in_tasks(spark, table: str, files: list):
+    """A Spark DataFrame of data files on object storage, read by Spark's Python tasks through Arrow's S3
+    filesystem (the rs engine needs no Hadoop S3 connector on the cluster): one task per few files."""
+    arrow_schema = schemas.arrow_schema(table)
+    chosen = list(files)
+
+    def read(batches):
+        for batch in batches:
+            for position in batch.column(0).to_pylist():
+                place = chosen[position]
+                yield from pq.read_table(place.fs_path, filesystem=place.fs, schema=arrow_schema).to_batches()
+
+    return spark.range(0, len(chosen), 1, max(1, min(len(chosen), READ_TASKS))).mapInArrow(read, schemas.spark_schema(table))
 
 
 _OPS = {"<": "__lt__", "<=": "__le__", "=": "__eq__", "!=": "__ne__", ">=": "__ge__", ">": "__gt__"}

@@ -8,14 +8,14 @@ only: no Spark, no engine, any writer's tables.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 from traffic.core.settings import Settings
 from traffic.storage import schemas
 from traffic.storage.engine import choose_engine
 from traffic.storage.faults import injector
-from traffic.storage.journal import state_folder
+from pathlib import Path
+
+from traffic.storage.journal import STATE_FOLDER, host_folder, state_folder, warehouse_lock
+from traffic.storage.place import Place
 from traffic.storage.table import FileIndex, StorageError, Table
 
 
@@ -26,7 +26,7 @@ class Warehouse:
         """``spark`` is a SparkSession, or a function returning one, called when a write first needs it
         (an empty micro-batch decides so without starting Spark)."""
         self.settings = settings
-        self.root = Path(settings.warehouse)
+        self.root = Place.of(settings.warehouse)  # a local folder or s3://bucket/prefix
         self._spark = spark
         self.engine = engine or choose_engine(settings)
         self.faults = injector(settings)
@@ -69,29 +69,44 @@ class Warehouse:
 
         return RsTable(self, name)
 
-    def state_dir(self) -> Path:
+    def state_dir(self) -> Place:
         """Where the pipeline keeps its journal and lock (not a table)."""
         path = state_folder(self.root)
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
         except OSError as error:
             raise StorageError(f"warehouse {self.root} cannot be used: {error.strerror or error}") from None
         return path
 
+    def host_dir(self, name: str = STATE_FOLDER) -> Path:
+        """This host's own folder for the warehouse (``journal.host_folder``), made if missing."""
+        path = host_folder(self.root, name)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StorageError(f"{path} cannot be used: {error.strerror or error}") from None
+        return path
+
+    def lock(self, holder: str):
+        """One job at a time on this warehouse (``journal.warehouse_lock``: an ``flock``, or on object storage
+        the lease), waiting up to ``lock_timeout``."""
+        return warehouse_lock(self.state_dir(), self.settings.lock_timeout.total_seconds(), holder,
+                              self.settings.lease_ttl.total_seconds())
+
     def exists(self) -> bool:
         return (self.root / "clocks" / "_delta_log").is_dir()
 
-    def scratch(self, name: str, fresh: bool = True) -> Path:
+    def scratch(self, name: str, fresh: bool = True) -> Place:
         """The folder for one job's intermediate files: emptied (what is left of an earlier attempt is
         removed) unless ``fresh`` is false, which finds an earlier attempt's (the folder may not exist)."""
         path = self.state_dir() / "scratch" / name
         if fresh:
-            shutil.rmtree(path, ignore_errors=True)
-            path.mkdir(parents=True)
+            path.rmtree()
+            path.mkdir()
         return path
 
-    def drop_scratch(self, path: Path) -> None:
-        shutil.rmtree(path, ignore_errors=True)
+    def drop_scratch(self, path: Place) -> None:
+        path.rmtree()
 
     def create_all(self) -> None:
         """Create every table that does not exist yet (idempotent)."""

@@ -155,14 +155,14 @@ def recompute_arrow(warehouse: Warehouse, hours: list[datetime], raw_files: dict
     # Two tasks per slot: an uneven split leaves a core idle for less of the job.
     groups = freeze_tasks.share_out(work, 2 * task_slots(warehouse.settings))
     scratch = warehouse.scratch("freeze")
-    job = freeze_tasks.Job(str(scratch), hourly.staging(), warehouse.table("panes").staging(),
+    job = freeze_tasks.Job(scratch, hourly.staging(), warehouse.table("panes").staging(),
                 P.Mapping.of(warehouse.settings.accounts_file))
     if groups:
         warehouse.spark.range(0, len(groups), 1, len(groups)) \
             .mapInArrow(freeze_tasks.task_function(groups, job), freeze_tasks.OUTCOME_DDL).collect()
     attempts = {task: 0 for task in range(len(groups))}
-    raw = parts.read_parts(str(scratch), "raw", attempts)
-    differing = parts.read_parts(str(scratch), "differing", attempts)
+    raw = parts.read_parts(scratch, "raw", attempts)
+    differing = parts.read_parts(scratch, "differing", attempts)
     warehouse.drop_scratch(scratch)
     return _Recomputed(job.hourly, job.panes, {h: tuple(v) for h, v in _arrow_sums(raw, "hour").items()},
                        {as_utc(h): n for h, n in zip(differing.column("hour").to_pylist(),

@@ -77,11 +77,15 @@ def _vacuum_stamp(warehouse: Warehouse):
 def _vacuum_due(warehouse: Warehouse) -> bool:
     """Whether ``VACUUM_EVERY`` has passed since the last vacuum (a new warehouse starts counting now)."""
     stamp = _vacuum_stamp(warehouse)
-    if not stamp.exists():
+    try:
+        last = float(stamp.read_text())  # the time of the last vacuum (a store keeps no usable mtime)
+    except FileNotFoundError:
         _vacuumed(warehouse)
         return False
-    return time.time() - stamp.stat().st_mtime >= VACUUM_EVERY.total_seconds()
+    except ValueError:
+        last = 0.0  # an empty stamp from before: due now
+    return time.time() - last >= VACUUM_EVERY.total_seconds()
 
 
 def _vacuumed(warehouse: Warehouse) -> None:
-    _vacuum_stamp(warehouse).touch()
+    _vacuum_stamp(warehouse).write_atomic(f"{time.time():.3f}")

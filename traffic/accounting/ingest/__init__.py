@@ -156,7 +156,7 @@ def _commit(warehouse: Warehouse, plan: dict, read: BatchRead, tally: BatchTally
             ) -> BatchResult:
     """Write the flow states and clocks, then the ``batches`` row: the batch is done once that row exists."""
     txn, counts, volume = (APP, plan["batch_id"]), tally.counts, tally.volume
-    telemetry = st.rows(parts.read_parts(str(read.scratch), "telemetry", read.attempts))
+    telemetry = st.rows(parts.read_parts(read.scratch, "telemetry", read.attempts))
     skipped: dict[str, int] = {}
     for row in telemetry:
         for kind, count in json.loads(row["skipped"]).items():

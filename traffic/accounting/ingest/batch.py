@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 
 import pyarrow as pa
 
 from traffic.core.clock import ClockState
 from traffic.core.periods import hour_floor, hours_between
 from traffic.storage.staging import Staged
+from traffic.storage.place import Place
 
 APP = "ingest"
 RAW_TABLES = ("packets", "late_packets", "rejects")
@@ -25,7 +25,7 @@ RAW_TABLES = ("packets", "late_packets", "rejects")
 class BatchRead:
     """What a batch's parse tasks left: their parts and staged raw files, and the files as they were read."""
 
-    scratch: Path
+    scratch: Place
     attempts: dict[int, int]  # chunk → the attempt whose parts count
     staged: dict[str, Staged | None]  # raw table → staged files (None: already committed)
     files: list[dict]  # the plan's files, with what reading them found

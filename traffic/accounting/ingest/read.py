@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, replace
 from datetime import datetime
-from pathlib import Path
 
 import pyarrow as pa
 
@@ -28,6 +27,7 @@ from traffic.io import inbox as inbox_mod
 from traffic.io.readers import FLOWS
 from traffic.runtime.spark import task_slots
 from traffic.storage import state as st
+from traffic.storage.place import Place
 from traffic.storage.staging import Staged, discard_staged
 from traffic.storage.warehouse import Warehouse
 
@@ -157,13 +157,12 @@ def _unread_note(f: dict, problem: str) -> str:
 _DONE = "tasks-done.json"
 
 
-def _keep_tasks_done(scratch: Path, outcomes: dict[int, dict], unread: dict[str, str], staged: dict) -> None:
+def _keep_tasks_done(scratch: Place, outcomes: dict[int, dict], unread: dict[str, str], staged: dict) -> None:
     """Record the finished tasks' outcome beside their parts, before the batch's first commit."""
     doc = {"outcomes": list(outcomes.values()), "unread": unread,
-           "staged": {name: asdict(handle) if handle is not None else None for name, handle in staged.items()}}
-    tmp = scratch / (_DONE + ".tmp")
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(scratch / _DONE)
+           "staged": {name: {"table": handle.table, "folder": handle.folder.uri} if handle is not None else None
+                      for name, handle in staged.items()}}
+    (scratch / _DONE).write_atomic(json.dumps(doc))
 
 
 def _tasks_done(warehouse: Warehouse, batch_id: int) -> dict | None:
@@ -175,7 +174,8 @@ def _tasks_done(warehouse: Warehouse, batch_id: int) -> dict | None:
     except (OSError, ValueError):
         return None
     return {"scratch": scratch, "outcomes": {o["chunk"]: o for o in doc["outcomes"]}, "unread": doc["unread"],
-            "staged": {name: Staged(**value) if value else None for name, value in doc["staged"].items()}}
+            "staged": {name: Staged(value["table"], warehouse.root.resolve(value["folder"])) if value else None
+                       for name, value in doc["staged"].items()}}
 
 
 def read_batch(warehouse: Warehouse, plan: dict, progress) -> BatchRead:
@@ -208,7 +208,7 @@ def read_batch(warehouse: Warehouse, plan: dict, progress) -> BatchRead:
         rules = B.Rules(batch_id=batch_id, watermark_before=None if plan.get("restate") else before.watermark,
                         future_limit=future_limit(datetime.fromisoformat(plan["now"]), settings.max_future_skew),
                         history_floor=None, time_range=time_range,
-                        packets=staged["packets"], late_packets=staged["late_packets"], scratch=str(scratch),
+                        packets=staged["packets"], late_packets=staged["late_packets"], scratch=scratch,
                         settings_doc={"local_networks": list(settings.local_networks),
                                       "keep_transit": settings.keep_transit,
                                       "sampling_rates": dict(settings.sampling_rates),
@@ -235,6 +235,6 @@ def read_batch(warehouse: Warehouse, plan: dict, progress) -> BatchRead:
         "packets": pa.array([0] * len(changed), pa.int64()), "bytes": pa.array([0] * len(changed), pa.int64()),
         "max_ts": changed_rejects.column("ts")},
         schema=parts.SUMMARY)
-    summary = st.rows(parts.combine_summary(pa.concat_tables([parts.read_parts(str(scratch), "summary", attempts),
+    summary = st.rows(parts.combine_summary(pa.concat_tables([parts.read_parts(scratch, "summary", attempts),
                                                               changed_summary])))
     return BatchRead(scratch, attempts, staged, files, changed_rejects, summary)

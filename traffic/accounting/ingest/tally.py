@@ -56,7 +56,7 @@ def expire_waiting(settings: Settings, plan: dict, read: BatchRead, tally: Batch
     A replay or restatement rejects every set its own decoding left waiting (the archive has no
     later file) and writes no state.
     """
-    telemetry = st.rows(parts.read_parts(str(read.scratch), "telemetry", read.attempts))
+    telemetry = st.rows(parts.read_parts(read.scratch, "telemetry", read.attempts))
     after = {r["source"]: json.loads(r["state"]) for r in telemetry}
     watermark = None if _replays(plan) or tally.after.watermark is None else micros(tally.after.watermark)
     if _replays(plan):

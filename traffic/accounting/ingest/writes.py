@@ -36,7 +36,7 @@ def write_raw(warehouse: Warehouse, plan: dict, read: BatchRead, tally: BatchTal
         # Rejects are filed under the hour the watermark reached, known only now: written here, a chunk at a time.
         reject_hour = hour_floor(tally.after.watermark) if tally.after.watermark else None
         for chunk, attempt in [*sorted(read.attempts.items()), (None, None)]:
-            rows = (parts.read_parts(str(read.scratch), "rejects", {chunk: attempt}) if chunk is not None
+            rows = (parts.read_parts(read.scratch, "rejects", {chunk: attempt}) if chunk is not None
                     else read.changed_rejects)
             rows = rows.append_column("batch_id", pa.repeat(pa.scalar(plan["batch_id"], pa.int64()), rows.num_rows)) \
                        .append_column("hour", pa.repeat(pa.scalar(reject_hour, parts.REJECT_ROWS.field("ts").type),
@@ -52,7 +52,7 @@ def write_hours(warehouse: Warehouse, plan: dict, read: BatchRead, tally: BatchT
     import pyarrow.compute as pc
 
     txn, restated = (APP, plan["batch_id"]), restated_hours(plan)
-    hourly_parts = parts.read_parts(str(read.scratch), "hourly", read.attempts)
+    hourly_parts = parts.read_parts(read.scratch, "hourly", read.attempts)
     account_parts = account_pane_parts(warehouse, read)
     hourly, panes = warehouse.table("hourly"), warehouse.table("panes")
     if restated:
@@ -69,7 +69,7 @@ def write_hours(warehouse: Warehouse, plan: dict, read: BatchRead, tally: BatchT
         open_panes = panes.read_arrow(keys=hours, filter=is_open).select(parts.ACCOUNT_PARTS.names)
         panes.replace(P.sum_pane_rows(pa.concat_tables([account_parts, open_panes.cast(parts.ACCOUNT_PARTS)]), "open"),
                       keys=hours, txn=txn, op="ingest")
-    lost = st.rows(parts.read_parts(str(read.scratch), "lost", read.attempts)) + read.lost
+    lost = st.rows(parts.read_parts(read.scratch, "lost", read.attempts)) + read.lost
     _write_panes(warehouse, read.summary, txn, replace_hours=restated, lost=lost)
     _grow_late_counters(warehouse, read.summary, txn)
 
@@ -77,7 +77,7 @@ def write_hours(warehouse: Warehouse, plan: dict, read: BatchRead, tally: BatchT
 def account_pane_parts(warehouse: Warehouse, read: BatchRead) -> pa.Table:
     """The tasks' pane totals per account. A batch whose tasks ran under an earlier version (interrupted
     after its first commit, then finished after an upgrade) left per-address parts: attributed here."""
-    scratch = str(read.scratch)
+    scratch = read.scratch
     if read.attempts and not parts.has_parts(scratch, "accounts", read.attempts) \
             and parts.has_parts(scratch, "panes", read.attempts):
         return P.account_parts_of_addresses(parts.read_parts(scratch, "panes", read.attempts),

@@ -12,17 +12,17 @@ import json
 import time
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from traffic.storage import schemas
+from traffic.storage.journal import check_lease
 from traffic.storage.keys import KEY_SEGMENT, NULL_KEY, SPAN_GRAIN, SPARK_KEY_FORMATS, KEY_LENGTH, cluster_key
-from traffic.storage.staging import DRIVER_THREADS, RAW_TABLES, Staged, statistics, write_keyed
+from traffic.storage.place import Place
+from traffic.storage.staging import DRIVER_THREADS, RAW_TABLES, Staged, statistics, write_file, write_keyed
 from traffic.storage.table import (TABLE_CONFIGURATION, WIDE, DataFile, StorageError,
                                    Table, arrow_predicate)
 
@@ -32,9 +32,29 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _fresh_folder(table_path: Path, prefix: str) -> Path:
+def _fresh_folder(table_path: Place, prefix: str) -> Place:
     """A new folder under the table root for one write's files (not ``_``-prefixed: vacuum cleans it)."""
     return table_path / f"{prefix}{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+
+
+def write_in_tasks(df, table: str, dest: Place) -> None:
+    """Write a DataFrame (already in the table's schema) as its keyed parquet files under ``dest`` on object
+    storage, from Spark's Python tasks through Arrow's S3 filesystem: the rs engine needs no Hadoop S3
+    connector. A task's files are named by its partition, so a retried task replaces its own files."""
+    from pyspark import TaskContext
+    from pyspark.sql import functions as F
+
+    cluster = schemas.cluster(table)
+    if cluster is not None and table not in RAW_TABLES:  # each key's rows to one task, as the local write does
+        df = df.repartition(F.date_format(F.col(cluster.column), SPARK_KEY_FORMATS[cluster.grain]))
+
+    def write(batches):
+        batches = list(batches)
+        written = write_keyed(pa.Table.from_batches(batches), table, dest,
+                              f"part-{TaskContext.get().partitionId():05d}") if batches else 0
+        yield pa.RecordBatch.from_pydict({"rows": pa.array([written], pa.int64())})
+
+    df.mapInArrow(write, "rows long").collect()
 
 
 class RsTable(Table):
@@ -47,11 +67,12 @@ class RsTable(Table):
         from deltalake import DeltaTable, Schema
 
         DeltaTable.create(
-            str(self.path),
+            self.path.uri,
             schema=Schema.from_arrow(self.arrow_schema),
             mode="ignore",
             name=self.name,
             configuration=TABLE_CONFIGURATION,
+            storage_options=self.path.delta_options(),
         )
         self._check_protocol(self._delta())
 
@@ -92,7 +113,7 @@ class RsTable(Table):
         removes, deleted, now_ms = [], 0, _now_ms()
         keys = self._key_list(keys)
         for f in self.files(keys=keys, dt=dt):
-            rows = pq.read_table(self.path / f.path, schema=self.arrow_schema)
+            rows = self._read_file(f)
             if keys is not None and self._is_span(f.key):
                 # A merged file: only its rows of ``keys`` are candidates.
                 numbered = rows.append_column("__row", pa.array(np.arange(rows.num_rows)))
@@ -111,9 +132,8 @@ class RsTable(Table):
             return 0
         adds = [a for a, _ in self._add_actions(folder)]
         self.step(f"{self.name}.{op}.files_written")
-        dt.create_write_transaction(adds + removes, mode="append", schema=self.arrow_schema, commit_properties=(
-            CommitProperties(app_transactions=[Transaction(txn[0], txn[1])] if txn else None,
-                             custom_metadata={"traffic.op": op})))
+        self._transaction(dt, adds + removes, CommitProperties(
+            app_transactions=[Transaction(txn[0], txn[1])] if txn else None, custom_metadata={"traffic.op": op}))
         self.step(f"{self.name}.{op}.committed")
         return deleted
 
@@ -149,11 +169,18 @@ class RsTable(Table):
             app_transactions=[Transaction(txn[0], txn[1])] if txn else None,
             custom_metadata={"traffic.op": op},
         )
-        dt.create_write_transaction(
-            [a for a, _ in adds] + removes, mode="append", schema=self.arrow_schema, commit_properties=properties
-        )
+        self._transaction(dt, [a for a, _ in adds] + removes, properties)
         self.warehouse.step(f"{self.name}.{op}.committed")
         return True
+
+    def _transaction(self, dt, actions: list, properties) -> None:
+        """Commit these add and remove actions; on object storage only while this job holds the lease."""
+        check_lease(self.warehouse.root)
+        dt.create_write_transaction(actions, mode="append", schema=self.arrow_schema, commit_properties=properties)
+
+    def _read_file(self, f: DataFile) -> pa.Table:
+        place = self.path / f.path
+        return pq.read_table(place.fs_path, filesystem=place.fs, schema=self.arrow_schema)
 
     def _add_new_columns(self, dt) -> None:
         """Columns added to ``schemas/<table>.json`` after the table was created join its Delta schema before a
@@ -172,34 +199,34 @@ class RsTable(Table):
             return []
         folder = _fresh_folder(self.path, "s")
         for number, f in enumerate(spans):
-            rows = pq.read_table(self.path / f.path, schema=self.arrow_schema)
+            rows = self._read_file(f)
             keep = rows.filter(pa.array(~self._key_mask(rows.column(self.cluster.column), keys=keys)))
             if keep.num_rows:
                 self._write_rows(keep, f.key, folder, f"part-{number:05d}")
         return self._add_actions(folder)
 
-    def _write_rows(self, rows: pa.Table, key: str | None, folder: Path, part: str) -> None:
+    def _write_rows(self, rows: pa.Table, key: str | None, folder: Place, part: str) -> None:
         """Write rows that came from one file of ``key`` back under that key; a WIDE file's, one file per key."""
         if key == WIDE:
             write_keyed(rows, self.name, folder, part)
             return
         target = folder / (f"k={key if key is not None else NULL_KEY}" if self.cluster else "")
-        target.mkdir(parents=True, exist_ok=True)
-        pq.write_table(rows, target / f"{part}.parquet", write_statistics=statistics(self.name))
+        target.mkdir()
+        write_file(rows, target / f"{part}.parquet", statistics(self.name))
 
     def staging(self) -> Staged:
-        return Staged(self.name, str(self._staging_folder()))
+        return Staged(self.name, self._staging_folder())
 
-    def _staging_folder(self) -> Path:
+    def _staging_folder(self) -> Place:
         # Inside the table root: committing staged files adds them where they are, no copy.
         return _fresh_folder(self.path, "w")
 
     def _stage(self, data) -> list[tuple[Any, str | None]]:
         """Write ``data`` as parquet into a fresh folder; return (AddAction, key) per non-empty file."""
         if isinstance(data, Staged):
-            if data.table != self.name or Path(data.folder).parent != self.path:
+            if data.table != self.name or data.folder.parent != self.path:
                 raise StorageError(f"{self.name}: staged files of {data.table} at {data.folder} cannot be committed here")
-            return self._add_actions(Path(data.folder))
+            return self._add_actions(data.folder)
         dest = self._staging_folder()
         if isinstance(data, pa.Table):
             write_keyed(data, self.name, dest, "part-00000", threads=DRIVER_THREADS)
@@ -207,7 +234,7 @@ class RsTable(Table):
             self._write_spark(data, dest)
         return self._add_actions(dest)
 
-    def _write_spark(self, df, dest: Path) -> None:
+    def _write_spark(self, df, dest: Place) -> None:
         from pyspark.sql import functions as F
 
         schema = schemas.spark_schema(self.name)
@@ -216,7 +243,9 @@ class RsTable(Table):
             (F.col(f.name) if f.name in present else F.lit(None)).cast(f.dataType).alias(f.name)
             for f in schema.fields
         ])
-        if self.cluster is None:
+        if not dest.is_local:
+            write_in_tasks(df, self.name, dest)
+        elif self.cluster is None:
             df.write.parquet(str(dest))
         else:
             # Each key's rows to one task: one file per key and task-local writers. A task writing many
@@ -228,27 +257,28 @@ class RsTable(Table):
                 df = df.repartition("k")
             df.write.partitionBy("k").parquet(str(dest))
 
-    def _add_actions(self, dest: Path) -> list[tuple[Any, str | None]]:
+    def _add_actions(self, dest: Place) -> list[tuple[Any, str | None]]:
         from deltalake.transaction import AddAction
 
         actions = []
-        if not dest.exists():
-            return actions
-        for path in sorted(dest.rglob("*")):
-            if path.is_file() and (path.name.startswith((".", "_")) or path.suffix == ".crc"):
-                path.unlink()  # Spark's _SUCCESS and .crc side files are not table data
-        for path in sorted(dest.rglob("*.parquet")):
-            meta = pq.read_metadata(path)
-            relative = path.relative_to(self.path).as_posix()
+        for entry in list(dest.files()):
+            place = entry.place
+            if place.name.startswith((".", "_")) or place.suffix == ".crc":
+                place.unlink()  # Spark's _SUCCESS and .crc side files are not table data
+                continue
+            if place.suffix != ".parquet":
+                continue
+            with place.open_input() as source:
+                meta = pq.read_metadata(source)
+            relative = place.relative_to(self.path)
             if meta.num_rows == 0:
-                path.unlink()
+                place.unlink()
                 continue
             match = KEY_SEGMENT.search(relative)
             key = match.group(1) if match else None
             key = None if key == NULL_KEY else key
-            stat = path.stat()
             stats = json.dumps({"numRecords": meta.num_rows})
-            actions.append((AddAction(relative, stat.st_size, {}, int(stat.st_mtime * 1000), True, stats), key))
+            actions.append((AddAction(relative, entry.size, {}, entry.mtime_ms, True, stats), key))
         return actions
 
     # -- maintenance --------------------------------------------------------------------
@@ -300,20 +330,18 @@ class RsTable(Table):
         for key, group in groups.items():
             if len(group) < 2:
                 continue
-            rows = pads.dataset([str(self.path / f.path) for f in group], schema=self.arrow_schema).to_table()
-            target = folder / (f"k={key if key is not None else NULL_KEY}" if self.cluster else "") / "part-00000.parquet"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(rows, target, write_statistics=statistics(self.name))
-            stat = target.stat()
-            actions.append(AddAction(target.relative_to(self.path).as_posix(), stat.st_size, {},
-                                     int(stat.st_mtime * 1000), False, json.dumps({"numRecords": rows.num_rows})))
+            rows = self._dataset(group).to_table()
+            target = (folder / f"k={key if key is not None else NULL_KEY}" if self.cluster else folder) / "part-00000.parquet"
+            target.parent.mkdir()
+            write_file(rows, target, statistics(self.name))
+            actions.append(AddAction(target.relative_to(self.path), target.size(), {}, _now_ms(), False,
+                                     json.dumps({"numRecords": rows.num_rows})))
             actions += [RemoveAction(f.path, False, now_ms, f.size, {}) for f in group]
             removed += len(group)
         if not removed:
             return 0
         self.warehouse.step(f"{self.name}.{op}.files_written")
-        dt.create_write_transaction(actions, mode="append", schema=self.arrow_schema,
-                                    commit_properties=CommitProperties(custom_metadata={"traffic.op": op}))
+        self._transaction(dt, actions, CommitProperties(custom_metadata={"traffic.op": op}))
         self.warehouse.step(f"{self.name}.{op}.committed")
         return removed
 
@@ -325,8 +353,11 @@ class RsTable(Table):
         write's), more than ``retention_hours`` ago (default: the table's ``deletedFileRetentionDuration``)."""
         deleted = self._delta().vacuum(retention_hours=retention_hours, dry_run=False,
                                        enforce_retention_duration=False, full=True)
-        for folder in sorted({(self.path / name).parent for name in deleted}, key=lambda p: -len(p.parts)):
-            while folder != self.path:  # the folders the deleted files leave empty (a write's own folder)
+        if not self.path.is_local:
+            return deleted  # a store has no folders to leave empty
+        root = self.path.local
+        for folder in sorted({(root / name).parent for name in deleted}, key=lambda p: -len(p.parts)):
+            while folder != root:  # the folders the deleted files leave empty (a write's own folder)
                 try:
                     folder.rmdir()
                 except OSError:

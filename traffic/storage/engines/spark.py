@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from traffic.storage import schemas
 from traffic.storage.keys import KEY_FORMATS, KEY_LENGTH, NULL_KEY, SPAN_GRAIN, cluster_key, key_groups
+from traffic.storage.place import Place
 from traffic.storage.staging import DRIVER_THREADS, Staged, write_keyed
 from traffic.storage.table import (PROTOCOL, TABLE_CONFIGURATION, WIDE, DataFile, StorageError, Table,
                                    arrow_predicate)
@@ -58,6 +59,13 @@ def _key_bounds(key: str, column_type: pa.DataType, grain: str) -> tuple[str, st
 
 class SparkTable(Table):
     """delta-spark writes; reads are the shared ones (``Table``)."""
+
+    def __init__(self, warehouse, name: str):
+        super().__init__(warehouse, name)
+        if not self.path.is_local:
+            raise StorageError(f"the spark engine does not write to object storage yet ({warehouse.root}): "
+                               "set engine = rs, which does (README, not done)")
+        self.disk = self.path.local
 
     def _spark(self):
         spark = self.warehouse.spark
@@ -181,12 +189,12 @@ class SparkTable(Table):
         if isinstance(data, pa.Table):
             folder = self._staging_folder()
             write_keyed(data, self.name, folder, "part-00000", threads=DRIVER_THREADS)
-            data = Staged(self.name, str(folder))
+            data = Staged(self.name, folder)
         if not isinstance(data, Staged):
             return data.select(*schema.fieldNames()), None, True
         if data.table != self.name:
             raise StorageError(f"{self.name}: staged files of {data.table} at {data.folder} cannot be committed here")
-        folder = Path(data.folder)
+        folder = data.folder.local
         parts = sorted(p for p in folder.glob("k=*") if any(p.glob("*.parquet"))) if self.cluster else []
         found = {None if p.name[2:] == NULL_KEY else p.name[2:] for p in parts}
         if keys is not None and not found <= keys:
@@ -225,14 +233,14 @@ class SparkTable(Table):
         return " OR ".join(terms) if terms else "false"
 
     def staging(self) -> Staged:
-        return Staged(self.name, str(self._staging_folder()))
+        return Staged(self.name, self._staging_folder())
 
-    def _staging_folder(self) -> Path:
+    def _staging_folder(self) -> Place:
         return self.warehouse.state_dir() / "staging" / self.name / uuid.uuid4().hex
 
-    def _drop(self, folder: Path | None) -> None:
+    def _drop(self, folder: Place | Path | None) -> None:
         if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(folder.local if isinstance(folder, Place) else folder, ignore_errors=True)
 
     # -- maintenance --------------------------------------------------------------------
     def compact(self, min_files: int | None = None) -> int:
@@ -323,8 +331,8 @@ class SparkTable(Table):
             spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
         gone = sorted(before - self._files_on_disk())
         self._drop_stale_staging(retention_hours)
-        for folder in sorted({(self.path / name).parent for name in gone}, key=lambda p: -len(p.parts)):
-            while folder != self.path:  # the folders the deleted files leave empty (an rs write's own folder)
+        for folder in sorted({(self.disk / name).parent for name in gone}, key=lambda p: -len(p.parts)):
+            while folder != self.disk:  # the folders the deleted files leave empty (an rs write's own folder)
                 try:
                     folder.rmdir()
                 except OSError:
@@ -335,7 +343,7 @@ class SparkTable(Table):
     def _drop_stale_staging(self, retention_hours: int | None) -> None:
         """Remove staged folders a crashed write left (a finished write removes its own) once older than the
         retention: a rerun of that write stages its rows afresh."""
-        folder = self.warehouse.state_dir() / "staging" / self.name
+        folder = (self.warehouse.state_dir() / "staging" / self.name).local
         hours = 24 if retention_hours is None else retention_hours
         cutoff = time.time() - hours * 3600
         for staged in folder.glob("*") if folder.is_dir() else ():
@@ -343,8 +351,8 @@ class SparkTable(Table):
                 shutil.rmtree(staged, ignore_errors=True)
 
     def _files_on_disk(self) -> set[str]:
-        return {p.relative_to(self.path).as_posix() for p in self.path.rglob("*.parquet")
-                if not p.relative_to(self.path).as_posix().startswith("_delta_log/")}
+        return {p.relative_to(self.disk).as_posix() for p in self.disk.rglob("*.parquet")
+                if not p.relative_to(self.disk).as_posix().startswith("_delta_log/")}
 
     def configure(self) -> bool:
         """Give a table made by an older version today's ``TABLE_CONFIGURATION``; whether it changed."""

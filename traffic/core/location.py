@@ -45,15 +45,16 @@ class ObjectLocation:
         process's environment)."""
         env = os.environ if environ is None else environ
         parts = urlsplit(url)
+        shown = url if "@" not in parts.netloc else url.replace(parts.netloc, "***@" + parts.netloc.rsplit("@", 1)[1])
         if parts.scheme.lower() not in SCHEMES:
-            raise LocationError(f"{url!r} is not an object-storage URL (expected s3://bucket/prefix)")
+            raise LocationError(f"{shown!r} is not an object-storage URL (expected s3://bucket/prefix)")
         if not parts.netloc:
-            raise LocationError(f"{url!r} names no bucket (expected s3://bucket/prefix)")
+            raise LocationError(f"{shown!r} names no bucket (expected s3://bucket/prefix)")
         if parts.query or parts.fragment or "@" in parts.netloc:
-            raise LocationError(f"{url!r}: give the endpoint and credentials in AWS_* variables, not in the URL")
+            raise LocationError(f"{shown!r}: give the endpoint and credentials in AWS_* variables, not in the URL")
         prefix = parts.path.strip("/")
         if any(segment in ("", ".", "..") for segment in prefix.split("/")) and prefix:
-            raise LocationError(f"{url!r} has an empty, '.' or '..' segment in its prefix")
+            raise LocationError(f"{shown!r} has an empty, '.' or '..' segment in its prefix")
         endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
         if endpoint and urlsplit(endpoint).scheme not in ("http", "https"):
             raise LocationError(f"AWS_ENDPOINT_URL {endpoint!r} is not an http(s) URL")
@@ -85,6 +86,16 @@ class ObjectLocation:
     def _secret(self) -> dict[str, str]:
         return dict(self._secrets)
 
+    def _credentials(self, key_id: str, secret_key: str, token: str) -> dict[str, str]:
+        """The access key, secret and session token under one client's names (none without an access key)."""
+        secret = self._secret
+        if "AWS_ACCESS_KEY_ID" not in secret:
+            return {}
+        named = {key_id: secret["AWS_ACCESS_KEY_ID"], secret_key: secret.get("AWS_SECRET_ACCESS_KEY", "")}
+        if "AWS_SESSION_TOKEN" in secret:
+            named[token] = secret["AWS_SESSION_TOKEN"]
+        return named
+
     # -- clients ------------------------------------------------------------------------
     def store(self):
         """An ``obstore`` store rooted at the prefix: conditional puts by ETag (If-Match, If-None-Match)."""
@@ -93,14 +104,8 @@ class ObjectLocation:
         config = {"region": self.region, "conditional_put": "etag"}
         if self.endpoint:
             config["endpoint"] = self.endpoint
-        secret = self._secret
-        if "AWS_ACCESS_KEY_ID" in secret:
-            config["access_key_id"] = secret["AWS_ACCESS_KEY_ID"]
-            config["secret_access_key"] = secret.get("AWS_SECRET_ACCESS_KEY", "")
-        if "AWS_SESSION_TOKEN" in secret:
-            config["token"] = secret["AWS_SESSION_TOKEN"]
-        if not secret:
-            config["skip_signature"] = True
+        credentials = self._credentials("access_key_id", "secret_access_key", "token")
+        config.update(credentials or {"skip_signature": True})
         return S3Store(self.bucket, prefix=self.prefix or None, config=config,
                        client_options={"allow_http": self.allow_http})
 
@@ -117,18 +122,12 @@ class ObjectLocation:
         """A ``pyarrow.fs.S3FileSystem`` for this store; paths on it are ``bucket/key``."""
         from pyarrow import fs  # deferred: only object-storage locations need it
 
-        secret = self._secret
         kwargs = {"region": self.region, "allow_bucket_creation": False, "allow_bucket_deletion": False}
         if self.endpoint:
             split = urlsplit(self.endpoint)
             kwargs["endpoint_override"] = split.netloc + split.path
             kwargs["scheme"] = split.scheme
-        if "AWS_ACCESS_KEY_ID" in secret:
-            kwargs["access_key"] = secret["AWS_ACCESS_KEY_ID"]
-            kwargs["secret_key"] = secret.get("AWS_SECRET_ACCESS_KEY", "")
-            kwargs["session_token"] = secret.get("AWS_SESSION_TOKEN")
-        else:
-            kwargs["anonymous"] = True
+        kwargs.update(self._credentials("access_key", "secret_key", "session_token") or {"anonymous": True})
         return fs.S3FileSystem(**kwargs)
 
     def arrow_path(self, name: str = "") -> str:
@@ -152,10 +151,6 @@ class ObjectLocation:
             conf["spark.hadoop.fs.s3a.endpoint"] = self.endpoint
             conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
             conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "false" if self.allow_http else "true"
-        secret = self._secret
-        if "AWS_ACCESS_KEY_ID" in secret:
-            conf["spark.hadoop.fs.s3a.access.key"] = secret["AWS_ACCESS_KEY_ID"]
-            conf["spark.hadoop.fs.s3a.secret.key"] = secret.get("AWS_SECRET_ACCESS_KEY", "")
-            if "AWS_SESSION_TOKEN" in secret:
-                conf["spark.hadoop.fs.s3a.session.token"] = secret["AWS_SESSION_TOKEN"]
+        conf.update(self._credentials("spark.hadoop.fs.s3a.access.key", "spark.hadoop.fs.s3a.secret.key",
+                                      "spark.hadoop.fs.s3a.session.token"))
         return conf
