@@ -65,6 +65,7 @@ HEAVY_FIRST = (
     "tests/compose/",
     "tests/e2e/",
     "tests/integration/test_crash_points.py",
+    "tests/integration/test_object_storage.py",
     "tests/integration/test_standalone_cluster.py",
     "tests/reliability/test_month_of_commits.py",
     "tests/integration/test_model_equivalence.py",
