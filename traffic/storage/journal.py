@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from traffic.storage.place import Place
+from traffic.storage.place import Place, object_store
 
 
 #: The warehouse's folder for its run state (journal, lock, scratch, staging, the Spark Connect record).
@@ -84,7 +84,7 @@ def warehouse_lock(state_dir: Place | Path, timeout_seconds: float, holder: str,
 
     root = state_dir.parent.uri
     try:
-        with lease_lock(state_dir.location.store(), holder, timeout_seconds, ttl=lease_ttl) as keeper:
+        with lease_lock(object_store(state_dir.location), holder, timeout_seconds, ttl=lease_ttl) as keeper:
             _LEASES[root] = keeper
             try:
                 yield

@@ -122,9 +122,6 @@ class Place:
             return Place(local=self._local.parent)
         return Place(location=self._location, key=str(PurePosixPath(self._key).parent).lstrip("."))
 
-    def with_suffix(self, suffix: str) -> "Place":
-        return self.parent / (PurePosixPath(self.name).stem + suffix)
-
     def relative_to(self, other: "Place") -> str:
         """This place's path below ``other``, ``/``-separated."""
         if self._location is None:
@@ -164,13 +161,6 @@ class Place:
         from pyarrow.fs import FileType
 
         return self._info().type == FileType.Directory
-
-    def is_file(self) -> bool:
-        if self._location is None:
-            return self._local.is_file()
-        from pyarrow.fs import FileType
-
-        return self._info().type == FileType.File
 
     def size(self) -> int:
         return self._local.stat().st_size if self._location is None else self._info().size
@@ -245,7 +235,7 @@ class Place:
 
         # Through obstore, not Arrow: Arrow's S3 filesystem leaves a folder-marker object behind when it
         # deletes a folder's last file, and such markers would pile up with every job's scratch folder.
-        obstore.delete(_object_store(self._location), self._key)
+        obstore.delete(object_store(self._location), self._key)
 
     def rmtree(self) -> None:
         """Delete the folder and everything under it; quiet when it is not there."""
@@ -254,7 +244,7 @@ class Place:
             return
         import obstore
 
-        store = _object_store(self._location)
+        store = object_store(self._location)
         keys = [meta["path"] for batch in obstore.list(store, prefix=self._key + "/") for meta in batch]
         for start in range(0, len(keys), 1000):
             obstore.delete(store, keys[start:start + 1000])
@@ -297,8 +287,9 @@ _FILESYSTEMS: dict = {}
 _STORES: dict = {}
 
 
-def _object_store(location: ObjectLocation):
-    """One obstore store per root location in a process (deletes and listings without folder markers)."""
+def object_store(location: ObjectLocation):
+    """One obstore store per root location and credentials in a process (the lease's conditional puts,
+    deletes and listings without folder markers)."""
     key = (location, location._secrets)
     if key not in _STORES:
         _STORES[key] = location.store()
@@ -307,7 +298,7 @@ def _object_store(location: ObjectLocation):
 
 def _arrow_filesystem(location: ObjectLocation):
     """One Arrow S3 filesystem per store and credentials in a process (each holds a connection pool)."""
-    key = (location.endpoint, location.region, location.allow_http, location._secrets)
+    key = (location, location._secrets)
     if key not in _FILESYSTEMS:
         _FILESYSTEMS[key] = location.arrow_filesystem()
     return _FILESYSTEMS[key]
