@@ -43,6 +43,8 @@ COPY dags ./dags
 RUN pip install --no-deps --no-build-isolation -e .
 
 COPY scripts/refuse-placeholders.sh /usr/local/bin/
+# The Airflow services' health check: `airflow jobs check --local` without importing Airflow (docker/airflow-alive.py).
+COPY docker/airflow-alive.py /usr/local/bin/
 
 # spark-class and spark-submit come with the pyspark package.
 RUN ln -s "$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" /opt/spark

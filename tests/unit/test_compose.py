@@ -289,3 +289,44 @@ def test_base_images_come_from_build_arguments_with_the_official_defaults(compos
         assert name in script
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert ignored[1] == "*" and "!.venv" not in ignored, "the build context must leave the virtualenv out"
+
+
+# -- the Airflow services' health check --------------------------------------------------------------
+def _alive_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("airflow_alive", ROOT / "docker" / "airflow-alive.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_health_check_starts_airflows_cli(compose):
+    """`airflow jobs check` imports all of Airflow (2-3 s of CPU): run every 30 s by three services, it kept a
+    third of a core busy on an idle stack. The Airflow services ask the database through airflow-alive.py."""
+    for name, service in compose["services"].items():
+        test = service["healthcheck"]["test"]
+        assert "airflow" not in test[1:2], f"{name}: {test}"
+        if name in ("airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"):
+            assert test[1:3] == ["python", "/usr/local/bin/airflow-alive.py"], f"{name}: {test}"
+    image = (ROOT / "Dockerfile").read_text()
+    assert "COPY docker/airflow-alive.py /usr/local/bin/" in image
+    assert "!docker/airflow-alive.py" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+def test_the_health_check_names_this_host_as_airflows_jobs_do():
+    from airflow.utils.net import getfqdn
+
+    assert _alive_script().hostname() == getfqdn()
+
+
+def test_the_health_check_fails_in_one_line_when_the_database_does_not_answer(monkeypatch, capsys):
+    from tests.support.sockets import free_port
+
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+                       f"postgresql+psycopg2://airflow:secret@127.0.0.1:{free_port()}/airflow")
+    assert _alive_script().main(["airflow-alive.py", "SchedulerJob"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("SchedulerJob on ") and "did not answer" in out and out.count("\n") == 1, out
+    assert "secret" not in out
+    assert _alive_script().main(["airflow-alive.py"]) == 2
