@@ -15,7 +15,7 @@ from obstore.exceptions import AlreadyExistsError, PreconditionError
 
 from tests.support.seaweed import ACCESS_KEY, SECRET_KEY
 from tests.support.sockets import socket_inodes, tcp_listening
-from traffic.core.location import LocationError, ObjectLocation, is_object_url
+from traffic.core.location import LocationError, ObjectLocation, StoreUnreachable, is_object_url
 
 
 def _location(seaweed, name: str | None = None) -> ObjectLocation:
@@ -115,3 +115,56 @@ def test_wrong_credentials_fail_clearly(seaweed):
     with pytest.raises(Exception) as raised:
         obstore.put(store, "x", b"1")
     assert "not-" + SECRET_KEY not in str(raised.value) and ACCESS_KEY
+
+
+# -- a command's first request: can it use the store at all? ---------------------------------------
+@pytest.mark.parametrize("change, url, why", [
+    ({}, "s3://nosuch/w", "bucket 'nosuch' does not exist there: create it, or fix the warehouse's URL"),
+    ({"AWS_SECRET_ACCESS_KEY": "not-" + SECRET_KEY}, None, "it refused the secret key: check AWS_SECRET_ACCESS_KEY"),
+    ({"AWS_ACCESS_KEY_ID": "nobody"}, None, "it does not know this access key: check AWS_ACCESS_KEY_ID"),
+    ({"AWS_ENDPOINT_URL": "dead"}, None, "it does not answer: check AWS_ENDPOINT_URL and that the store is running"),
+], ids=["no bucket", "wrong secret", "unknown key", "no answer"])
+def test_a_store_a_command_cannot_use_is_said_in_one_line_at_once(seaweed, change, url, why):
+    import time
+
+    from tests.support.sockets import free_port
+
+    env = {**seaweed.environ(), **change}
+    if env["AWS_ENDPOINT_URL"] == "dead":
+        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{free_port()}"
+    clock = time.monotonic()
+    with pytest.raises(StoreUnreachable) as raised:
+        ObjectLocation.parse(url or seaweed.url("w"), env).check_reachable()
+    message = str(raised.value)
+    assert why in message and "\n" not in message, message
+    assert SECRET_KEY not in message and ACCESS_KEY not in message and "nobody" not in message, message
+    assert time.monotonic() - clock < 20
+
+
+def test_a_store_that_answers_passes_the_check(seaweed):
+    ObjectLocation.parse(seaweed.url("fresh/prefix"), seaweed.environ()).check_reachable()  # an empty prefix too
+
+
+def test_a_command_on_a_store_that_does_not_answer_exits_2_before_spark(monkeypatch, capsys, tmp_path):
+    from tests.support.sockets import free_port
+    from traffic.app.cli import main
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.chdir(tmp_path)
+    code = main(["ingest", "--warehouse", "s3://lake/w", "--inbox", str(tmp_path / "inbox")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("traffic ingest: error: s3://lake/w (at http://127.0.0.1:") and \
+        err.count("\n") == 1, err
+    assert SECRET_KEY not in err
+
+
+def test_what_a_refusal_means_without_a_server():
+    aws = ObjectLocation.parse("s3://bucket/p", {})
+    assert aws._why("HTTP error: error sending request") == \
+        "AWS S3 (region us-east-1, no AWS_ENDPOINT_URL set) does not answer from here"
+    assert aws._why("Server returned non-2xx status code: 301 Moved Permanently: ") == "it answered HTTP 301"
+    assert aws._why("403 Forbidden: <Error><Code>AccessDenied</Code>") == \
+        "these credentials may not use 'bucket': check the key's permissions"
+    assert aws._why("<Error><Code>SlowDown</Code>") == "it answered SlowDown"

@@ -32,6 +32,7 @@ from traffic.app.console import print_batch, print_close, print_timings, progres
 from traffic.app.exits import EXIT_CHECK, EXIT_PIPE, EXIT_USER, FIXABLE, fixable_problem, reader_gone, unexpected
 from traffic.app.printouts import print_alerts, print_bills, print_status, print_top
 from traffic.app.spark_holder import SparkHolder
+from traffic.core.location import ObjectLocation, StoreUnreachable, is_object_url
 from traffic.core.text import printable, printable_lines
 
 _SETTING_OPTIONS = {
@@ -564,16 +565,16 @@ def main(argv: list[str] | None = None, spark=None) -> int:
         if args.command == "demo":
             base = Path(args.dir).absolute()
             settings = settings.replace(warehouse=base / "warehouse", inbox=base / "inbox")
+        elif args.command != "collect" and is_object_url(settings.warehouse):  # a wrong endpoint fails here, at once
+            ObjectLocation.parse(settings.warehouse).check_reachable()
         holder = SparkHolder(settings, f"traffic-{args.command}", spark)
         code = COMMANDS[args.command].run(args, settings, holder)
         sys.stdout.flush()  # here, not at exit: a reader gone by now is handled below
         return code
     except BrokenPipeError as error:
-        if reader_gone():
-            return EXIT_PIPE
-        return unexpected(args, error)
+        return EXIT_PIPE if reader_gone() else unexpected(args, error)
     except (SettingsError, InboxError, LockTimeout, StorageError, AcceptError, TopError, CollectError,
-            SumOverflow) as error:
+            SumOverflow, StoreUnreachable) as error:
         print(f"traffic {args.command}: error: {printable(error)}", file=sys.stderr)
         return EXIT_USER
     except CheckFailed as error:

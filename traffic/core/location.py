@@ -11,7 +11,9 @@ Credentials are never part of its text: ``str`` and ``repr`` show the URL and en
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Mapping
 from urllib.parse import urlsplit
 
@@ -21,6 +23,22 @@ SCHEMES = ("s3", "s3a")
 
 class LocationError(ValueError):
     """An object-storage location that cannot be used; the message says which part and why."""
+
+
+class StoreUnreachable(RuntimeError):
+    """The store did not let a command start: it does not answer, the bucket is missing, or it refused the
+    credentials. The message says which, in one line, and never shows a credential."""
+
+
+#: What an S3 error's code means to the person who set the location up.
+_REFUSALS = {
+    "NoSuchBucket": "bucket {bucket!r} does not exist there: create it, or fix the warehouse's URL",
+    "InvalidAccessKeyId": "it does not know this access key: check AWS_ACCESS_KEY_ID",
+    "SignatureDoesNotMatch": "it refused the secret key: check AWS_SECRET_ACCESS_KEY",
+    "AccessDenied": "these credentials may not use {bucket!r}: check the key's permissions",
+    "ExpiredToken": "the session token has expired: renew AWS_SESSION_TOKEN",
+    "InvalidToken": "it refused the session token: check AWS_SESSION_TOKEN",
+}
 
 
 def is_object_url(value) -> bool:
@@ -101,13 +119,44 @@ class ObjectLocation:
         """An ``obstore`` store rooted at the prefix: conditional puts by ETag (If-Match, If-None-Match)."""
         from obstore.store import S3Store  # deferred: only object-storage locations need it
 
+        return S3Store(self.bucket, prefix=self.prefix or None, config=self._store_config(),
+                       client_options={"allow_http": self.allow_http})
+
+    def _store_config(self) -> dict:
         config = {"region": self.region, "conditional_put": "etag"}
         if self.endpoint:
             config["endpoint"] = self.endpoint
         credentials = self._credentials("access_key_id", "secret_access_key", "token")
         config.update(credentials or {"skip_signature": True})
-        return S3Store(self.bucket, prefix=self.prefix or None, config=config,
-                       client_options={"allow_http": self.allow_http})
+        return config
+
+    def check_reachable(self, timeout: float = 10.0) -> None:
+        """One listing of the prefix, with few retries: raises ``StoreUnreachable`` saying in one line why a
+        command cannot use this store (no answer, no such bucket, credentials refused). A command checks
+        this first, so a mistyped endpoint fails in seconds instead of after every request's retries."""
+        from obstore.store import S3Store  # deferred: only object-storage locations need it
+        import obstore
+
+        impatient = S3Store(self.bucket, prefix=self.prefix or None, config=self._store_config(),
+                            client_options={"allow_http": self.allow_http, "connect_timeout": timedelta(seconds=5),
+                                            "timeout": timedelta(seconds=timeout)},
+                            retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=timeout)})
+        try:
+            obstore.list_with_delimiter(impatient, None)
+        except Exception as error:  # noqa: BLE001 - obstore's errors are classified by what they say
+            raise StoreUnreachable(f"{self}: {self._why(str(error))}") from None
+
+    def _why(self, message: str) -> str:
+        code = re.search(r"<Code>([A-Za-z]+)</Code>", message)
+        if code:
+            meaning = _REFUSALS.get(code.group(1), "it answered {code}")
+            return meaning.format(bucket=self.bucket, code=code.group(1))
+        status = re.search(r"status code: (\d{3})", message)
+        if status:
+            return f"it answered HTTP {status.group(1)}"
+        if not self.endpoint:
+            return f"AWS S3 (region {self.region}, no AWS_ENDPOINT_URL set) does not answer from here"
+        return "it does not answer: check AWS_ENDPOINT_URL and that the store is running and reachable from here"
 
     def delta_options(self) -> dict[str, str]:
         """delta-rs's ``storage_options``: safe concurrent commits by conditional put, never an unsafe rename."""
