@@ -115,12 +115,17 @@ class ObjectLocation:
         return named
 
     # -- clients ------------------------------------------------------------------------
-    def store(self):
-        """An ``obstore`` store rooted at the prefix: conditional puts by ETag (If-Match, If-None-Match)."""
+    def store(self, timeout: float | None = None):
+        """An ``obstore`` store rooted at the prefix: conditional puts by ETag (If-Match, If-None-Match). With
+        ``timeout``, an impatient one: each request and all its retries (two) within that many seconds."""
         from obstore.store import S3Store  # deferred: only object-storage locations need it
 
-        return S3Store(self.bucket, prefix=self.prefix or None, config=self._store_config(),
-                       client_options={"allow_http": self.allow_http})
+        options, retry = {"allow_http": self.allow_http}, None
+        if timeout is not None:
+            options.update(connect_timeout=timedelta(seconds=5), timeout=timedelta(seconds=timeout))
+            retry = {"max_retries": 2, "retry_timeout": timedelta(seconds=timeout)}
+        return S3Store(self.bucket, prefix=self.prefix or None, config=self._store_config(), client_options=options,
+                       retry_config=retry)
 
     def _store_config(self) -> dict:
         config = {"region": self.region, "conditional_put": "etag"}
@@ -134,15 +139,10 @@ class ObjectLocation:
         """One listing of the prefix, with few retries: raises ``StoreUnreachable`` saying in one line why a
         command cannot use this store (no answer, no such bucket, credentials refused). A command checks
         this first, so a mistyped endpoint fails in seconds instead of after every request's retries."""
-        from obstore.store import S3Store  # deferred: only object-storage locations need it
-        import obstore
+        import obstore  # deferred: only object-storage locations need it
 
-        impatient = S3Store(self.bucket, prefix=self.prefix or None, config=self._store_config(),
-                            client_options={"allow_http": self.allow_http, "connect_timeout": timedelta(seconds=5),
-                                            "timeout": timedelta(seconds=timeout)},
-                            retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=timeout)})
         try:
-            obstore.list_with_delimiter(impatient, None)
+            obstore.list_with_delimiter(self.store(timeout), None)
         except Exception as error:  # noqa: BLE001 - obstore's errors are classified by what they say
             raise StoreUnreachable(f"{self}: {self._why(str(error))}") from None
 
