@@ -129,7 +129,7 @@ def port_taken(output: str, port: int) -> bool:
     return f"127.0.0.1:{port}" in output and any(words in output for words in PORT_TAKEN)
 
 
-def write_dotenv(path: Path, ui_port: int) -> dict[str, str]:
+def write_dotenv(path: Path, ui_port: int, **more: str) -> dict[str, str]:
     values = {
         "POSTGRES_USER": "airflow", "POSTGRES_PASSWORD": secrets.token_urlsafe(18), "POSTGRES_DB": "airflow",
         "AIRFLOW_ADMIN_USER": "admin", "AIRFLOW_ADMIN_PASSWORD": secrets.token_urlsafe(18),
@@ -138,7 +138,7 @@ def write_dotenv(path: Path, ui_port: int) -> dict[str, str]:
         "SPARK_CONNECT_TOKEN": secrets.token_hex(32),
         "TRAFFIC_LOCAL_NETWORKS": LOCAL_NETWORKS, "TRAFFIC_KEEP_HOURS": "24", "TRAFFIC_EXPECTED_SOURCES": "",
         "TRAFFIC_EXPORTERS": "", "COLLECTOR_BIND": "127.0.0.1",
-        **LOCAL_BASES,
+        **LOCAL_BASES, **more,
     }
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     path.chmod(0o600)
@@ -283,15 +283,16 @@ def build_images(env: dict, seconds: dict) -> None:
 
 
 @contextmanager
-def running_stack(env: dict, home: Path, project: str) -> Iterator[Stack]:
+def running_stack(env: dict, home: Path, project: str, **dotenv_values: str) -> Iterator[Stack]:
     """The stack of ``project`` built and up (spark-connect stopped), every health check passed, its `.env` in
-    ``home``; ``down -v`` on the way out, whatever happened. ``stack.seconds`` says where the time went."""
+    ``home`` (with ``dotenv_values`` added); ``down -v`` on the way out, whatever happened. ``stack.seconds``
+    says where the time went."""
     seconds: dict[str, float] = {}
     started = time.monotonic()
     build_images(env, seconds)
     dotenv = home / ".env"
-    stack = Stack(env=env, project=project, dotenv=dotenv, values=write_dotenv(dotenv, free_port()), seconds=seconds,
-                  started=started)
+    stack = Stack(env=env, project=project, dotenv=dotenv, values=write_dotenv(dotenv, free_port(), **dotenv_values),
+                  seconds=seconds, started=started)
     try:
         clock = time.monotonic()
         stack.compose("build", "--force-rm", timeout=1800)
