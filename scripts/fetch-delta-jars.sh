@@ -1,16 +1,18 @@
 #!/bin/sh
-# Delta Lake's jars as pinned in scripts/delta-jars.lock, into <folder>, each kept only if its SHA-256 is
-# the pinned one: an unverified jar on Spark's classpath would run inside every job.
+# Delta Lake's jars, and the Hadoop S3A connector that lets delta-spark write an s3:// warehouse, as pinned in
+# scripts/delta-jars.lock, into <folder>, each kept only if its SHA-256 is the pinned one: an unverified jar on
+# Spark's classpath would run inside every job.
 #
 #   fetch-delta-jars.sh [--via mvn|curl|none] <folder>
 #
-#   --via mvn   (make setup, the default) `mvn dependency:copy` (the plugin's version pinned below) from
-#               the repositories mvn is configured for (Maven Central unless settings.xml says otherwise;
-#               ~/.m2 keeps a copy). MVN names another mvn.
+#   --via mvn   (make setup, the default) one `mvn dependency:copy-dependencies` (the plugin's version pinned
+#               below) of every missing pin, none of their dependencies (the lock lists each jar), from the
+#               repositories mvn is configured for (Maven Central unless settings.xml says otherwise; ~/.m2
+#               keeps a copy). MVN names another mvn.
 #   --via curl  (the image build) straight from $MAVEN, https://repo1.maven.org/maven2 by default.
 #   --via none  fetch nothing: keep the pinned jars already there, verified (TRAFFIC_DELTA_JARS=off).
 #
-# Jars already in <folder> with their pinned sums are not fetched again (two sums: milliseconds).
+# Jars already in <folder> with their pinned sums are not fetched again (the sums: a fraction of a second).
 # Exit 0: <folder> holds exactly the pinned jars, verified. Otherwise it holds no jar at all (never part
 # of the set, never another version), so the Delta layer's `auto` engine picks rs (delta-rs):
 #   1  a jar's SHA-256 is not the pinned one: it is deleted, one line names the file and both sums;
@@ -32,7 +34,7 @@ lock=${DELTA_JARS_LOCK:-$(dirname "$0")/delta-jars.lock}
 MAVEN=${MAVEN:-https://repo1.maven.org/maven2}
 MVN=${MVN:-mvn}
 # Named in full, so no plugin-prefix lookup (repository metadata) stands between mvn and a cached copy.
-DEPENDENCY_COPY=org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy
+DEPENDENCY_COPY=org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies
 
 # The pins, one "<coordinate> <sha256> <file name> <path in a Maven repository>" line each.
 pins=$(awk -v lock="$lock" '
@@ -72,19 +74,28 @@ give_up() {  # give_up <exit code> <one line>: leave no jar behind (a partial se
   exit "$1"
 }
 
-fetch() {  # fetch <coordinate> <file> <maven path>: the jar into $tmp, or give up with the reason
+mvn_fetch() {  # mvn_fetch: every missing pin ($missing, "<coordinate> <file>" lines) into $tmp in one mvn run
+  command -v "$MVN" >/dev/null 2>&1 || give_up 3 "Delta's jars could not be fetched from Maven Central ($MVN not found)"
+  mkdir -p "$tmp/work"
+  echo "$missing" | awk '
+    BEGIN { print "<project xmlns=\"http://maven.apache.org/POM/4.0.0\"><modelVersion>4.0.0</modelVersion>"
+            print "<groupId>traffic</groupId><artifactId>delta-jars</artifactId><version>1</version><dependencies>" }
+    { split($1, c, ":")
+      printf "<dependency><groupId>%s</groupId><artifactId>%s</artifactId><version>%s</version>", c[1], c[2], c[3]
+      print "<exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions></dependency>" }
+    END { print "</dependencies></project>" }' >"$tmp/work/pom.xml"
+  # -C: a file whose .sha1 on the repository differs fails here already; -U: a failure mvn cached (it
+  # would not try again for a day) is retried; -B: no progress lines.
+  if ! (cd "$tmp/work" && "$MVN" -q -B -C -U -Dstyle.color=never "$DEPENDENCY_COPY" -DincludeScope=runtime \
+          -DoutputDirectory="$tmp" >"$tmp/log" 2>&1); then
+    give_up 3 "Delta's jars could not be fetched from Maven Central (mvn: $(first_error "$tmp/log"))"
+  fi
+}
+
+fetch() {  # fetch <coordinate> <file> <maven path>: the jar into $tmp (mvn: already there), or give up with the reason
   case "$via" in
     none)
       give_up 3 "Delta's jars were not fetched (TRAFFIC_DELTA_JARS=off) and $folder lacks $2" ;;
-    mvn)
-      command -v "$MVN" >/dev/null 2>&1 || give_up 3 "Delta's jars could not be fetched from Maven Central ($MVN not found)"
-      mkdir -p "$tmp/work"
-      # -C: a file whose .sha1 on the repository differs fails here already; -U: a failure mvn cached (it
-      # would not try again for a day) is retried; -B: no progress lines.
-      if ! (cd "$tmp/work" && "$MVN" -q -B -C -U -Dstyle.color=never "$DEPENDENCY_COPY" -Dartifact="$1" \
-              -DoutputDirectory="$tmp" >"$tmp/log" 2>&1); then
-        give_up 3 "Delta's jars could not be fetched from Maven Central (mvn: $(first_error "$tmp/log"))"
-      fi ;;
     curl)
       command -v curl >/dev/null 2>&1 || give_up 3 "Delta's jars could not be fetched from Maven Central (curl not found)"
       if ! curl -fsSL --proto-redir '=https' --retry 2 -o "$tmp/$2" "$MAVEN/$3" 2>"$tmp/log"; then
@@ -94,12 +105,20 @@ fetch() {  # fetch <coordinate> <file> <maven path>: the jar into $tmp, or give 
   [ -f "$tmp/$2" ] || give_up 3 "Delta's jars could not be fetched from Maven Central ($via left no $2)"
 }
 
+# The pins not already in place with their sums: fetched, by mvn all in one run.
+missing=$(echo "$pins" | while read -r coordinate expected file path; do
+  if ! { [ -f "$folder/$file" ] && [ "$(sha256 "$folder/$file")" = "$expected" ]; }; then
+    echo "$coordinate $file"
+  fi
+done)
+if [ -n "$missing" ] && [ "$via" = mvn ]; then
+  mvn_fetch
+fi
+
 fetched=""
 echo "$pins" | {
   while read -r coordinate expected file path; do
-    if [ -f "$folder/$file" ] && [ "$(sha256 "$folder/$file")" = "$expected" ]; then
-      continue
-    fi
+    echo "$missing" | awk -v f="$file" '$2 == f { found = 1 } END { exit !found }' || continue
     fetch "$coordinate" "$file" "$path"
     actual=$(sha256 "$tmp/$file")
     if [ "$actual" != "$expected" ]; then
@@ -125,5 +144,7 @@ for jar in "$tmp"/delta-spark*.jar; do
   fetched="$fetched ${jar##*/}"
 done
 if [ -n "$fetched" ]; then
-  echo "fetch-delta-jars: fetched and verified (SHA-256 as pinned in $lock) into $folder:$fetched"
+  set -- $fetched
+  [ $# -le 4 ] || fetched=" $1, $2 and $(($# - 2)) more"
+  echo "fetch-delta-jars: fetched and verified $# jar(s) (SHA-256 as pinned in $lock) into $folder:$fetched"
 fi

@@ -11,7 +11,6 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +22,12 @@ def pins(lock: Path = LOCK) -> dict[str, str]:
     """coordinate → sha256, as the lock lists them."""
     lines = [line.split() for line in lock.read_text().splitlines() if line.strip() and not line.startswith("#")]
     return {coordinate: sha for coordinate, sha in lines}
+
+
+def pinned_version(pinned: dict[str, str], artifact: str) -> str:
+    """The version the lock pins of ``group:artifact``."""
+    [version] = [c.rsplit(":", 1)[1] for c in pinned if c.rsplit(":", 1)[0] == artifact]
+    return version
 
 
 def jar_name(coordinate: str) -> str:
@@ -52,17 +57,18 @@ def fetch(folder: Path, via: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def stub_mvn(tmp_path: Path, jars: dict[str, bytes]) -> Path:
-    """Stands in for mvn: `dependency:copy -Dartifact=g:a:v -DoutputDirectory=D` writes these bytes as D/a-v.jar."""
+    """Stands in for mvn: `dependency:copy-dependencies -DoutputDirectory=D` of the pom.xml in its working folder
+    writes these bytes as D/a-v.jar for each dependency the pom lists, and logs each call to calls.log."""
     store = tmp_path / "stub-jars"
     store.mkdir()
     for name, data in jars.items():
         (store / name).write_bytes(data)
     mvn = tmp_path / "mvn"
     mvn.write_text("#!/bin/sh\n"
-                   "for arg in \"$@\"; do case \"$arg\" in -Dartifact=*) artifact=${arg#-Dartifact=} ;;"
-                   " -DoutputDirectory=*) out=${arg#-DoutputDirectory=} ;; esac; done\n"
-                   "file=$(echo \"$artifact\" | cut -d: -f2)-$(echo \"$artifact\" | cut -d: -f3).jar\n"
-                   f"cp \"{store}/$file\" \"$out/$file\"\n")
+                   "for arg in \"$@\"; do case \"$arg\" in -DoutputDirectory=*) out=${arg#-DoutputDirectory=} ;; esac; done\n"
+                   f"echo \"$*\" >>\"{tmp_path}/calls.log\"\n"
+                   "sed -n 's|.*<artifactId>\\([^<]*\\)</artifactId><version>\\([^<]*\\)</version>.*|\\1-\\2.jar|p' pom.xml |\n"
+                   f"  while read -r file; do cp \"{store}/$file\" \"$out/$file\"; done\n")
     mvn.chmod(0o755)
     return mvn
 
@@ -91,6 +97,13 @@ def test_jars_are_kept_only_with_their_pinned_checksums(tmp_path):
     by_mvn = fetch(tmp_path / "by-mvn", "mvn", DELTA_JARS_LOCK=str(lock), MVN=str(mvn))
     assert by_mvn.returncode == 1 and f"has SHA-256 {actual}, not the pinned {expected}" in by_mvn.stderr, by_mvn
     assert list((tmp_path / "by-mvn").iterdir()) == []
+    # Good bytes through mvn: every pin in one mvn run (not one per jar), each verified.
+    (tmp_path / "calls.log").unlink()
+    shutil.rmtree(tmp_path / "stub-jars")
+    good_mvn = fetch(tmp_path / "good-mvn", "mvn", DELTA_JARS_LOCK=str(lock), MVN=str(stub_mvn(tmp_path, jars)))
+    assert good_mvn.returncode == 0, good_mvn
+    assert {p.name: p.read_bytes() for p in (tmp_path / "good-mvn").iterdir()} == jars
+    assert len((tmp_path / "calls.log").read_text().splitlines()) == 1
 
 
 def test_verified_jars_are_not_fetched_again_and_other_versions_go(tmp_path):
@@ -189,7 +202,13 @@ def test_the_pins_match_delta_spark_the_image_and_the_stack():
     # builder of its own: SparkSession.builder is shared with every session this process starts).
     package = configure_spark_with_delta_pip(SparkSession.Builder())._options["spark.jars.packages"]
     version = package.rsplit(":", 1)[1]
-    assert set(pinned) == {package, f"io.delta:delta-storage:{version}"}, (package, pinned)
+    assert {c for c in pinned if c.startswith("io.delta:")} == {package, f"io.delta:delta-storage:{version}"}, pinned
+    # The S3A connector is the one for the Hadoop client pyspark ships, never the SDK's 686 MB bundle.
+    import pyspark
+
+    client = [p.name for p in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")]
+    assert [f"hadoop-client-api-{pinned_version(pinned, 'org.apache.hadoop:hadoop-aws')}.jar"] == client, client
+    assert not any(c.startswith("software.amazon.awssdk:bundle:") for c in pinned)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert f"delta-spark=={version}" in project["dependencies"]
     assert f"delta_spark=={version}" in (ROOT / "requirements.lock").read_text().split()
