@@ -136,15 +136,32 @@ def test_order_within_a_batch_does_not_matter(spark, run_seed, pair):
     run_stream(spark, data, fed=reordered)
 
 
-def run_stream(spark, data, fed=None) -> None:
-    """``data`` through the model and ``fed`` (``data`` unless given) through the pipeline, compared at each step."""
+#: One stream a run for each engine with the warehouse on object storage (SeaweedFS), issue 38.
+ON_S3_STREAMS = settings(max_examples=1, **_SETTINGS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["rs", "spark"])
+@ON_S3_STREAMS
+@seed(SEED + 2)
+@given(stream())
+def test_a_warehouse_on_s3_equals_the_reference_model(spark, seaweed, monkeypatch, run_seed, engine, data):
+    """The same property with the warehouse on a real S3 server, written by each engine."""
+    for name, value in seaweed.environ({}).items():
+        monkeypatch.setenv(name, value)
+    run_stream(spark, data, warehouse=seaweed.url(f"model-{engine}-{random.getrandbits(40):010x}"), engine=engine)
+
+
+def run_stream(spark, data, fed=None, **where) -> None:
+    """``data`` through the model and ``fed`` (``data`` unless given) through the pipeline, compared at each step;
+    ``where``: the harness's warehouse and engine, when not its own folder and the settings' choice."""
     batches, lateness, keep, min_panes = data
     fed_batches = (fed or data)[0]
     model = ReferenceModel(ModelSettings(keep_hours=keep, allowed_lateness=timedelta(seconds=lateness),
                                          max_history=timedelta(days=30), completeness_min_panes=min_panes))
     with tempfile.TemporaryDirectory() as tmp:
         harness = Harness(Path(tmp), spark, keep_hours=keep, allowed_lateness=lateness, max_history="30d",
-                          now=NOW.isoformat(), completeness_min_panes=min_panes)
+                          now=NOW.isoformat(), completeness_min_panes=min_panes, **where)
         finals: dict = {}
         for (files, close_now), (fed_files, _) in zip(batches, fed_batches):
             for source, text in fed_files:

@@ -35,8 +35,8 @@ def test_parse_names_bucket_prefix_and_endpoint_and_keeps_credentials_out_of_its
     assert location.delta_options()["AWS_SECRET_ACCESS_KEY"] == "very-secret"
     assert location.s3a_uri("hourly") == "s3a://lake/warehouse/main/hourly"
     conf = location.s3a_conf()
-    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
-    assert conf["spark.delta.logStore.s3a.impl"] == "io.delta.storage.S3SingleDriverLogStore"
+    assert conf["fs.s3a.path.style.access"] == "true" and conf["fs.s3a.endpoint"] == "http://127.0.0.1:9"
+    assert conf["fs.s3a.secret.key"] == "very-secret" and conf["fs.s3a.endpoint.region"] == "eu-west-3"
 
 
 @pytest.mark.parametrize("url, why", [

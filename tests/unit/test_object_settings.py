@@ -39,7 +39,7 @@ def test_lease_ttl_has_a_floor():
         load_settings(environ={"TRAFFIC_LEASE_TTL": "1"})
 
 
-def test_auto_writes_a_warehouse_on_object_storage_with_rs_and_says_why(tmp_path):
+def test_auto_writes_a_warehouse_on_object_storage_with_spark_only_beside_the_s3a_connector(tmp_path):
     jars = tmp_path / "jars"
     jars.mkdir()
     for name in ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"):
@@ -47,18 +47,22 @@ def test_auto_writes_a_warehouse_on_object_storage_with_rs_and_says_why(tmp_path
     local = load_settings(environ={"TRAFFIC_ENGINE": "auto", "TRAFFIC_SPARK_JARS_DIR": str(jars)})
     stored = local.replace(warehouse="s3://lake/traffic")
     assert choose_engine(local) == "spark"
-    assert choose_engine(stored) == "rs"
-    assert "object storage" in engine_reason(stored)
+    assert choose_engine(stored) == "rs"  # Delta's jars without hadoop-aws: delta-spark cannot reach the store
+    assert "no S3A connector (hadoop-aws)" in engine_reason(stored)
+    (jars / "hadoop-aws-3.5.0.jar").write_bytes(b"")
+    assert choose_engine(stored) == "spark" and engine_reason(stored).startswith("spark (delta-spark")
 
 
-def test_the_spark_engine_refuses_an_s3_warehouse_in_one_line(monkeypatch):
+def test_the_spark_engine_without_the_s3a_connector_refuses_an_s3_warehouse_in_one_line(monkeypatch, tmp_path):
     for name, value in SECRET.items():
         monkeypatch.setenv(name, value)
-    settings = load_settings(environ={"TRAFFIC_ENGINE": "spark", "TRAFFIC_WAREHOUSE": "s3://lake/traffic"})
-    with pytest.raises(StorageError, match=r"spark engine does not write to object storage yet .*set engine = rs") \
-            as raised:
+    settings = load_settings(environ={"TRAFFIC_ENGINE": "spark", "TRAFFIC_WAREHOUSE": "s3://lake/traffic",
+                                      "TRAFFIC_SPARK_JARS_DIR": str(tmp_path)})
+    with pytest.raises(StorageError, match=r"through Hadoop's S3A connector, whose jars are not in .*make setup.*"
+                                           r"set engine = rs") as raised:
         Warehouse(settings).table("hourly")
     assert "not-to-be-printed" not in str(raised.value) and "AKIDEXAMPLE" not in str(raised.value)
+    assert "\n" not in str(raised.value)
 
 
 def test_places_join_name_and_travel_to_tasks_with_their_store(monkeypatch, tmp_path):
@@ -70,6 +74,8 @@ def test_places_join_name_and_travel_to_tasks_with_their_store(monkeypatch, tmp_
     assert part.fs_path == "lake/traffic/hourly/k=2026-11-01T10/part-00000.parquet"
     assert (part.name, part.suffix, part.parent.name) == ("part-00000.parquet", ".parquet", "k=2026-11-01T10")
     assert part.relative_to(root / "hourly") == "k=2026-11-01T10/part-00000.parquet"
+    assert part.spark_uri == "s3a://lake/traffic/hourly/k=2026-11-01T10/part-00000.parquet"
+    assert Place.of(tmp_path).spark_uri == str(tmp_path)
     assert root.resolve(part.uri) == part
     assert root.delta_options()["AWS_SECRET_ACCESS_KEY"] == "not-to-be-printed"
     assert "not-to-be-printed" not in repr(part) + str(part)

@@ -188,18 +188,16 @@ class ObjectLocation:
         return f"s3a://{self.arrow_path(name)}"
 
     def s3a_conf(self) -> dict[str, str]:
-        """Spark settings for ``s3a`` on this store: path-style access for an endpoint of one's own, the
-        credentials, and Delta's S3 log store (safe for one writing driver at a time: the lease)."""
-        conf = {
-            "spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
-            "spark.hadoop.fs.s3a.endpoint.region": self.region,
-            "spark.delta.logStore.s3a.impl": "io.delta.storage.S3SingleDriverLogStore",
-            "spark.delta.logStore.s3.impl": "io.delta.storage.S3SingleDriverLogStore",
-        }
+        """Hadoop's settings for its S3A connector on this store (a session sets them as its own, so every
+        read and Delta commit of the session uses them): the region, path-style access and plain HTTP for an
+        endpoint of one's own, and the credentials. Delta picks its S3 log store for ``s3a://`` by itself
+        (``S3SingleDriverLogStore``: one writing driver at a time, which the lease ensures)."""
+        conf = {"fs.s3a.endpoint.region": self.region}
         if self.endpoint:
-            conf["spark.hadoop.fs.s3a.endpoint"] = self.endpoint
-            conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
-            conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "false" if self.allow_http else "true"
-        conf.update(self._credentials("spark.hadoop.fs.s3a.access.key", "spark.hadoop.fs.s3a.secret.key",
-                                      "spark.hadoop.fs.s3a.session.token"))
+            conf["fs.s3a.endpoint"] = self.endpoint
+            conf["fs.s3a.path.style.access"] = "true"
+            conf["fs.s3a.connection.ssl.enabled"] = "false" if self.allow_http else "true"
+        conf.update(self._credentials("fs.s3a.access.key", "fs.s3a.secret.key", "fs.s3a.session.token"))
+        if "fs.s3a.session.token" in conf:
+            conf["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
         return conf

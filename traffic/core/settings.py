@@ -509,3 +509,9 @@ def delta_classpath(folder: Path | None) -> list[Path]:
         return []
     jars = sorted(folder.glob("*.jar"))
     return jars if any(p.name.startswith(("delta-spark", "delta-core")) for p in jars) else []
+
+
+def s3a_classpath(folder: Path | None) -> bool:
+    """Whether Delta's classpath in ``folder`` has Hadoop's S3A connector too (``hadoop-aws``, pinned beside
+    Delta's jars), with which the spark engine writes a warehouse on object storage."""
+    return any(p.name.startswith("hadoop-aws-") for p in delta_classpath(folder))

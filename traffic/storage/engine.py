@@ -7,16 +7,16 @@ logs the choice can ask without sitting above the tables.
 from __future__ import annotations
 
 from traffic.core.location import is_object_url
-from traffic.core.settings import Settings, delta_classpath
+from traffic.core.settings import Settings, delta_classpath, s3a_classpath
 
 
 def choose_engine(settings: Settings) -> str:
-    """``rs`` or ``spark``: ``auto`` picks ``spark`` where Delta's jars are in ``spark_jars_dir``, except for a
-    warehouse on object storage, where only ``rs`` writes yet (README, not done)."""
+    """``rs`` or ``spark``: ``auto`` picks ``spark`` where Delta's jars are in ``spark_jars_dir`` (for a warehouse
+    on object storage, with Hadoop's S3A connector among them)."""
     if settings.engine != "auto":
         return settings.engine
     if is_object_url(str(settings.warehouse)):
-        return "rs"
+        return "spark" if s3a_classpath(settings.spark_jars_dir) else "rs"
     return "spark" if delta_classpath(settings.spark_jars_dir) else "rs"
 
 
@@ -27,8 +27,8 @@ def engine_reason(settings: Settings) -> str:
         return f"{engine} (engine = {settings.engine})"
     if engine == "spark":
         return f"spark (delta-spark, Delta's jars in {settings.spark_jars_dir})"
-    if is_object_url(str(settings.warehouse)):
-        return "rs (delta-rs: the warehouse is on object storage, where delta-spark does not write yet)"
+    if is_object_url(str(settings.warehouse)) and delta_classpath(settings.spark_jars_dir):
+        return f"rs (delta-rs: no S3A connector (hadoop-aws) beside Delta's jars in {settings.spark_jars_dir})"
     return f"rs (delta-rs: no Delta jars in {settings.spark_jars_dir or 'spark_jars_dir (not set)'})"
 
 

@@ -109,6 +109,11 @@ class Place:
         return "/".join(p for p in (self._location.url, self._key) if p)
 
     @property
+    def spark_uri(self) -> str:
+        """What Spark and delta-spark open: the local path, or ``s3a://bucket/key`` (Hadoop's S3A connector)."""
+        return str(self._local) if self._location is None else self._location.s3a_uri(self._key)
+
+    @property
     def name(self) -> str:
         return self._local.name if self._location is None else PurePosixPath(self._key).name
 

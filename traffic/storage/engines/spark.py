@@ -9,21 +9,27 @@ a Spark Connect session (the warm server) works as a classic one does.
 
 The files keep the layout the reads rely on (``traffic.storage.table``): rows reach Delta's writer
 one cluster key per task, so each file holds one key, found again from its min/max statistics.
+
+On object storage (``warehouse = "s3://…"``) delta-spark reads and writes through Hadoop's S3A connector
+(``s3a://``, its jars pinned beside Delta's), with the store's settings set on the session, and Delta's
+``S3SingleDriverLogStore``: safe for one writing driver at a time, which the warehouse's lease ensures.
+Each commit is made only while this job still holds the lease (``check_lease``).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import uuid
+import weakref
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any, Iterable
 
 import pyarrow as pa
 
+from traffic.core.settings import s3a_classpath
 from traffic.storage import schemas
+from traffic.storage.journal import check_lease
 from traffic.storage.keys import KEY_FORMATS, KEY_LENGTH, NULL_KEY, SPAN_GRAIN, cluster_key, key_groups
 from traffic.storage.place import Place
 from traffic.storage.staging import DRIVER_THREADS, Staged, write_keyed
@@ -62,20 +68,26 @@ class SparkTable(Table):
 
     def __init__(self, warehouse, name: str):
         super().__init__(warehouse, name)
-        if not self.path.is_local:
-            raise StorageError(f"the spark engine does not write to object storage yet ({warehouse.root}): "
-                               "set engine = rs, which does (README, not done)")
-        self.disk = self.path.local
+        if not self.path.is_local and not s3a_classpath(warehouse.settings.spark_jars_dir):
+            raise StorageError(f"the spark engine writes {warehouse.root} through Hadoop's S3A connector, whose jars "
+                               f"are not in {warehouse.settings.spark_jars_dir}: run `make setup`, or set engine = rs")
+        self.uri = self.path.spark_uri
 
     def _spark(self):
         spark = self.warehouse.spark
         if spark is None:
             raise StorageError("the spark engine needs a SparkSession")
+        if not self.path.is_local:
+            _reach_store(spark, self.path.location)
         return spark
+
+    def _guard(self) -> None:
+        """Just before a commit: on object storage, ``LeaseLost`` unless this job still holds the lease."""
+        check_lease(self.warehouse.root)
 
     @property
     def _sql_name(self) -> str:
-        return f"delta.`{self.path}`"
+        return f"delta.`{self.uri}`"
 
     def create(self) -> None:
         """Create the table from its schema with pinned protocol and no optional features."""
@@ -87,6 +99,7 @@ class SparkTable(Table):
                       "delta.minWriterVersion": str(PROTOCOL[1])}
         listed = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
         spark = self._spark()
+        self._guard()
         try:
             spark.sql(f"CREATE TABLE IF NOT EXISTS {self._sql_name} ({columns}) USING delta "
                               f"TBLPROPERTIES ({listed})")
@@ -128,6 +141,7 @@ class SparkTable(Table):
             condition = f"({condition}) AND ({scope})"
         self.step(f"{self.name}.{op}.files_written")
         spark = self._spark()
+        self._guard()
         if txn is not None:
             spark.conf.set("spark.databricks.delta.write.txnAppId", txn[0])
             spark.conf.set("spark.databricks.delta.write.txnVersion", str(txn[1]))
@@ -163,8 +177,9 @@ class SparkTable(Table):
             writer = writer.option("txnAppId", txn[0]).option("txnVersion", txn[1])
         self.step(f"{self.name}.{op}.files_written")
         for attempt in range(RETRIES + 1):
+            self._guard()
             try:
-                writer.save(str(self.path))
+                writer.save(self.uri)
                 break
             except Exception as error:  # noqa: BLE001 - Py4J and Spark Connect raise different kinds
                 if "DELTA_REPLACE_WHERE_MISMATCH" in str(error):
@@ -194,21 +209,23 @@ class SparkTable(Table):
             return data.select(*schema.fieldNames()), None, True
         if data.table != self.name:
             raise StorageError(f"{self.name}: staged files of {data.table} at {data.folder} cannot be committed here")
-        folder = data.folder.local
-        parts = sorted(p for p in folder.glob("k=*") if any(p.glob("*.parquet"))) if self.cluster else []
-        found = {None if p.name[2:] == NULL_KEY else p.name[2:] for p in parts}
+        folder = data.folder
+        staged = [entry.place.relative_to(folder) for entry in folder.files("*.parquet")]  # one listing
+        parts = sorted({name.split("/")[0] for name in staged if name.startswith("k=") and "/" in name}) \
+            if self.cluster else []
+        found = {None if part[2:] == NULL_KEY else part[2:] for part in parts}
         if keys is not None and not found <= keys:
             raise StorageError(f"{self.name}: rows for {sorted(map(str, found - keys))} fall outside the keys "
                                "being replaced")
         if self.cluster and parts:
             # One read per key: Spark packs small files of one read into a task, never across reads.
-            frames = [spark.read.schema(schema).parquet(str(p)) for p in parts]
+            frames = [spark.read.schema(schema).parquet((folder / part).spark_uri) for part in parts]
             frame = frames[0]
             for other in frames[1:]:
                 frame = frame.unionByName(other)
             return frame, folder, True
-        if not self.cluster and any(folder.rglob("*.parquet")):
-            return spark.read.schema(schema).parquet(str(folder)), folder, True
+        if not self.cluster and staged:
+            return spark.read.schema(schema).parquet(folder.spark_uri), folder, True
         return spark.createDataFrame([], schema), folder, False
 
     def _key_predicate(self, keys: set) -> str:
@@ -238,9 +255,9 @@ class SparkTable(Table):
     def _staging_folder(self) -> Place:
         return self.warehouse.state_dir() / "staging" / self.name / uuid.uuid4().hex
 
-    def _drop(self, folder: Place | Path | None) -> None:
+    def _drop(self, folder: Place | None) -> None:
         if folder is not None:
-            shutil.rmtree(folder.local if isinstance(folder, Place) else folder, ignore_errors=True)
+            folder.rmtree()
 
     # -- maintenance --------------------------------------------------------------------
     def compact(self, min_files: int | None = None) -> int:
@@ -278,7 +295,7 @@ class SparkTable(Table):
             return 0
         spark = self._spark()
         schema = schemas.spark_schema(self.name)
-        frames = [spark.read.schema(schema).parquet(*[str(self.path / f.path) for f in group]).coalesce(1)
+        frames = [spark.read.schema(schema).parquet(*[(self.path / f.path).spark_uri for f in group]).coalesce(1)
                   for group in groups.values()]
         frame = frames[0]
         for other in frames[1:]:
@@ -291,22 +308,20 @@ class SparkTable(Table):
         if self.cluster:
             writer = writer.option("replaceWhere", self._key_predicate(keys))
         self.step(f"{self.name}.{op}.files_written")
-        writer.save(str(self.path))
+        self._guard()
+        writer.save(self.uri)
         self.step(f"{self.name}.{op}.committed")
         return sum(len(group) for group in groups.values())
 
     def _group_keys(self, groups: dict) -> set:
         """The keys of the table's grain that a rewrite of these groups (keys or spans) replaces: a span's
         are read from its files' rows."""
-        import pyarrow.dataset as pads  # deferred: only a rewrite of spans reads rows on the driver
-
         keys: set = set()
         for key, group in groups.items():
             if key is None or not self._is_span(key):
                 keys.add(key)
                 continue
-            paths = [str(self.path / f.path) for f in group]
-            column = pads.dataset(paths, schema=self.arrow_schema).to_table(columns=[self.cluster.column]).column(0)
+            column = self._dataset(group).to_table(columns=[self.cluster.column]).column(0)
             keys |= {None if k == NULL_KEY else k for k in key_groups(column, self.cluster.grain)[1]}
         return keys
 
@@ -316,7 +331,8 @@ class SparkTable(Table):
         jvm = getattr(getattr(spark, "sparkContext", None), "_jvm", None) if not _is_connect(spark) else None
         if jvm is None:
             return  # a Spark Connect client cannot reach Delta's checkpoint call; the interval's still apply
-        jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(self.path)).checkpoint()
+        self._guard()
+        jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, self.uri).checkpoint()
 
     def vacuum(self, retention_hours: int | None = None) -> list[str]:
         """Delete the files no current row is in, removed more than ``retention_hours`` ago (default: the
@@ -325,34 +341,41 @@ class SparkTable(Table):
         spark = self._spark()
         retain = f" RETAIN {retention_hours} HOURS" if retention_hours is not None else ""
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+        self._guard()
         try:
             spark.sql(f"VACUUM {self._sql_name}{retain}").collect()
         finally:
             spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
         gone = sorted(before - self._files_on_disk())
         self._drop_stale_staging(retention_hours)
-        for folder in sorted({(self.disk / name).parent for name in gone}, key=lambda p: -len(p.parts)):
-            while folder != self.disk:  # the folders the deleted files leave empty (an rs write's own folder)
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
-                folder = folder.parent
+        if self.path.is_local:  # a store has no folders to leave behind
+            disk = self.path.local
+            for folder in sorted({(disk / name).parent for name in gone}, key=lambda p: -len(p.parts)):
+                while folder != disk:  # the folders the deleted files leave empty (an rs write's own folder)
+                    try:
+                        folder.rmdir()
+                    except OSError:
+                        break
+                    folder = folder.parent
         return gone
 
     def _drop_stale_staging(self, retention_hours: int | None) -> None:
-        """Remove staged folders a crashed write left (a finished write removes its own) once older than the
-        retention: a rerun of that write stages its rows afresh."""
-        folder = (self.warehouse.state_dir() / "staging" / self.name).local
+        """Remove staged folders a crashed write left (a finished write removes its own) once their newest
+        file is older than the retention: a rerun of that write stages its rows afresh."""
         hours = 24 if retention_hours is None else retention_hours
-        cutoff = time.time() - hours * 3600
-        for staged in folder.glob("*") if folder.is_dir() else ():
-            if staged.stat().st_mtime < cutoff:
-                shutil.rmtree(staged, ignore_errors=True)
+        cutoff_ms = (time.time() - hours * 3600) * 1000
+        newest: dict[str, int] = {}
+        staging = self.warehouse.state_dir() / "staging" / self.name
+        for entry in staging.files():  # one listing, on disk or on a store
+            folder = entry.place.relative_to(staging).split("/")[0]
+            newest[folder] = max(newest.get(folder, 0), entry.mtime_ms)
+        for folder, mtime_ms in newest.items():
+            if mtime_ms < cutoff_ms:
+                (staging / folder).rmtree()
 
     def _files_on_disk(self) -> set[str]:
-        return {p.relative_to(self.disk).as_posix() for p in self.disk.rglob("*.parquet")
-                if not p.relative_to(self.disk).as_posix().startswith("_delta_log/")}
+        names = (entry.place.relative_to(self.path) for entry in self.path.files("*.parquet"))
+        return {name for name in names if not name.startswith("_delta_log/")}
 
     def configure(self) -> bool:
         """Give a table made by an older version today's ``TABLE_CONFIGURATION``; whether it changed."""
@@ -360,11 +383,29 @@ class SparkTable(Table):
         if all(current.get(name) == value for name, value in TABLE_CONFIGURATION.items()):
             return False
         listed = ", ".join(f"'{k}' = '{v}'" for k, v in TABLE_CONFIGURATION.items())
-        self._spark().sql(f"ALTER TABLE {self._sql_name} SET TBLPROPERTIES ({listed})")
+        spark = self._spark()
+        self._guard()
+        spark.sql(f"ALTER TABLE {self._sql_name} SET TBLPROPERTIES ({listed})")
         return True
 
     def cleanup_log(self) -> None:
         """delta-spark removes log entries past ``delta.logRetentionDuration`` at each checkpoint itself."""
+
+
+#: The stores each live session was given the settings of (told once; forgotten with the session).
+_REACHED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _reach_store(spark, location) -> None:
+    """Give the session Hadoop's S3A settings for this store as its own (``fs.s3a.*``): every Spark read and
+    Delta commit of the session builds its Hadoop configuration from them, on the driver and in its tasks; a
+    warm Spark Connect server's session takes them the same way."""
+    reached = _REACHED.setdefault(spark, set())
+    if location in reached:
+        return
+    for name, value in location.s3a_conf().items():
+        spark.conf.set(name, value)
+    reached.add(location)
 
 
 def _is_connect(spark) -> bool:
