@@ -318,3 +318,32 @@ def test_maintenance_gives_older_tables_todays_settings(tmp_path):
     assert older.configure() is True
     assert Warehouse(settings, engine="rs").table("hourly")._delta().metadata().configuration == TABLE_CONFIGURATION
     assert older.configure() is False
+
+
+@pytest.mark.parametrize("warehouse", ["spark", "spark on s3"], indirect=True)
+def test_delta_spark_vacuum_drops_the_staged_folders_a_crashed_write_left(warehouse):
+    """delta-spark stages a write's rows under ``_traffic/staging/<table>/<id>/`` and removes them after the
+    commit; a crashed write's folder (with files, or left empty on disk) goes at the table's next vacuum once
+    older than the retention, on disk and on a store; a write's fresh folder stays. (The rs engine stages inside
+    the table's own folder, where Delta's vacuum finds what a crash left.)"""
+    import os
+    import time
+
+    table = warehouse.table("hourly")
+    table.append(_rows(10, 1))
+    staging = warehouse.state_dir() / "staging" / "hourly"
+    crashed, fresh = staging / "crashed", staging / "fresh"
+    for folder in (crashed, fresh):
+        (folder / "k=2026-11-01T10").mkdir()
+        (folder / "k=2026-11-01T10" / "part-00000.parquet").write_atomic(b"rows of a write that never committed")
+    if warehouse.root.is_local:
+        (staging / "empty").local.mkdir()
+        old = time.time() - 3 * 3600
+        for path in [(staging / "empty").local, *crashed.local.rglob("*")]:
+            os.utime(path, (old, old))
+        table.vacuum(retention_hours=2)
+        assert sorted(p.name for p in staging.children()) == ["fresh"]
+    else:  # a store stamps an object when it is put: a retention of 0 takes every staged folder
+        table.vacuum(retention_hours=0)
+        assert list(staging.files()) == []
+    assert table.read_arrow().column("bytes").to_pylist() == [1]

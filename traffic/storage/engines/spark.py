@@ -369,6 +369,10 @@ class SparkTable(Table):
         for entry in staging.files():  # one listing, on disk or on a store
             folder = entry.place.relative_to(staging).split("/")[0]
             newest[folder] = max(newest.get(folder, 0), entry.mtime_ms)
+        if staging.is_local:  # a folder left empty on disk is one too (a store has no empty folders)
+            for child in staging.children():
+                if child.name not in newest and child.local.is_dir():
+                    newest[child.name] = int(child.local.stat().st_mtime * 1000)
         for folder, mtime_ms in newest.items():
             if mtime_ms < cutoff_ms:
                 (staging / folder).rmtree()
