@@ -17,7 +17,8 @@ Cases (each also reports the peak resident memory of the process tree it ran):
                a warm ``traffic spark start`` server (≤ 15 s), with the split of the warm tick;
 * ``idle``     a tick with an empty inbox, and a close up to an hour already final (≤ 3 s, no JVM);
 * ``history``  5-minute micro-batches on day 1 and after up to 30 days of history (≤ 1.2×), with
-               the live files and log length of each table along the way;
+               the live files and log length of each table along the way (``--history-on-s3``: the
+               warehouse on SeaweedFS, S3 on 127.0.0.1);
 * ``backfill`` ``traffic replay`` of 30 days (1 M packets a day by default) into a new warehouse:
                every hour frozen and checked, every day and the month rolled up (≤ 5 min).
 
@@ -671,16 +672,30 @@ class Bench:
                   "| run | wall | Spark started | said |", "|---|---|---|---|", *rows, ""], *figures)
 
     def case_history(self) -> None:
-        from traffic.app.runs import close
-        from traffic.storage.warehouse import Warehouse
-        from traffic.app.runs import ingest
-        from traffic.storage.schemas import TABLES
-
         spark = self.session()
         days, per_day, tick_n = self.args.history_days, self.args.history_per_day, self.args.tick_n
         folder = self.work / "history"
         inbox, warehouse = folder / "inbox", folder / "warehouse"
         (inbox / "r1").mkdir(parents=True)
+        store = None
+        if self.args.history_on_s3:  # the warehouse on SeaweedFS (127.0.0.1), this process reaching it
+            sys.path.insert(0, str(REPO))
+            from tests.support.seaweed import start as start_seaweed
+
+            store = start_seaweed(self.work / "seaweed-history")
+            os.environ.update(store.environ({}))
+            warehouse = store.url("bench-history")
+        try:
+            self._history(spark, days, per_day, tick_n, inbox, warehouse, store)
+        finally:
+            if store is not None:
+                store.stop()
+
+    def _history(self, spark, days, per_day, tick_n, inbox, warehouse, store) -> None:
+        from traffic.app.runs import close, ingest
+        from traffic.storage.warehouse import Warehouse
+        from traffic.storage.schemas import TABLES
+
         first = dt.datetime(2026, 3, 1, tzinfo=UTC)
         probes = sorted({1, *range(8, days, 7), days})
         curve, fed, seq = [], first, 0
@@ -736,7 +751,8 @@ class Bench:
         freezing_rows = [f"| {c['day']} | {c['freezing']['wall']:.2f} | " + " | ".join(
             f"{c['freezing'].get(k, 0):.2f}" for k in names) + " |" for c in curve]
         self.add([
-            f"### Flat with history: 5-minute micro-batches over {days} days",
+            f"### Flat with history: 5-minute micro-batches over {days} days"
+            + (", the warehouse on S3 (SeaweedFS on 127.0.0.1)" if store is not None else ""),
             "",
             f"A new warehouse gets {per_day:,} packets a day in two batches (00:00 → 12:35 and 13:05 → 24:00, each "
             f"closed), and on the probe days six 5-minute micro-batches of {tick_n:,} packets from 12:35 to 13:05 "
@@ -760,7 +776,7 @@ class Bench:
             "|---|---|" + "---|" * len(names),
             *freezing_rows,
             "",
-        ], figure(f"tick after {days} days of history", f"mean {last:.2f} s (day 1: {base:.2f} s), freezing tick "
+        ], figure(f"tick after {days} days of history" + (" on S3" if store is not None else ""), f"mean {last:.2f} s (day 1: {base:.2f} s), freezing tick "
                   f"{freeze_last:.2f} s (day 1: {freeze_base:.2f} s)", "≤ 1.2× day 1", max(ratio, freeze_ratio) <= 1.2,
                   ratio=f"{ratio:.2f}× mean, {freeze_ratio:.2f}× freezing"))
 
@@ -1018,6 +1034,8 @@ def main() -> int:
     parser.add_argument("--growth-pairs", type=lambda t: [int(x) for x in t.split(",")],
                         default=[10_000, 100_000, 1_000_000], help="distinct pairs of the growth runs")
     parser.add_argument("--history-days", type=int, default=30)
+    parser.add_argument("--history-on-s3", action="store_true",
+                        help="the history case with its warehouse on SeaweedFS (S3 on 127.0.0.1) instead of local disk")
     parser.add_argument("--history-per-day", type=int, default=200_000)
     parser.add_argument("--tick-n", type=int, default=5_000, help="packets per 5-minute micro-batch (history)")
     parser.add_argument("--backfill-per-day", type=int, default=1_000_000)
