@@ -128,13 +128,14 @@ def _iso(text: str) -> str:
 IN_FLIGHT = {"queued", "running", "up_for_retry", "up_for_reschedule", "restarting", "deferred"}
 
 
-def _ingest_runs_finish(stack: Stack, timeout: float, paused: bool = False) -> None:
-    """Every unfinished `traffic_ingest` run ends. With the DAG ``paused``, Airflow's scheduler neither queues
-    a task of it nor closes its runs: a run the schedule made just before the pause, none of whose tasks is
-    under way, would wait forever. One with a task not started has not ingested (``ingest`` is its last
-    task): it is deleted, and its files go to the next run; one whose tasks all ended gets the state the
-    scheduler would give it. A run at work ends by itself."""
-    api, deadline = stack.api, time.monotonic() + timeout
+def _ingest_runs_finish(stack: Stack, timeout: float, paused: bool = False) -> list[dict]:
+    """Every unfinished `traffic_ingest` run ends; the runs, as they ended (those deleted left out). With the
+    DAG ``paused``, Airflow's scheduler neither queues a task of it nor closes its runs: a run the schedule
+    made just before the pause, none of whose tasks is under way, would wait forever. One with a task not
+    started has not ingested (``ingest`` is its last task): it is deleted, and its files go to the next run;
+    one whose tasks all ended gets the state the scheduler would give it. A run at work ends by itself.
+    (Unpaused, the schedule may make another run meanwhile: the next call waits for that one.)"""
+    api, deadline, ended = stack.api, time.monotonic() + timeout, []
     for run in api.runs("traffic_ingest"):
         run_id = run["dag_run_id"]
         path = api.run_path("traffic_ingest", run_id)
@@ -143,13 +144,18 @@ def _ingest_runs_finish(stack: Stack, timeout: float, paused: bool = False) -> N
             if paused and not IN_FLIGHT & states:
                 if states & {None, "scheduled"}:
                     api.delete(path)
+                    run = None
                 else:
                     api.patch(path, {"state": "failed" if states & {"failed", "upstream_failed"} else "success"})
+                    run = api.run("traffic_ingest", run_id)
                 break
             if time.monotonic() > deadline:
                 api.wait_run("traffic_ingest", run_id, timeout=0)  # fails, saying where every task is
             time.sleep(2)
             run = api.run("traffic_ingest", run_id)
+        if run is not None:
+            ended.append(run)
+    return ended
 
 
 def deliver_and_trigger(stack: Stack, files: dict[str, bytes], timeout: float = 900) -> dict:
@@ -168,9 +174,9 @@ def deliver_and_ingest(stack: Stack, files: dict[str, bytes], timeout: float = 9
     api = stack.api
     triggered = deliver_and_trigger(stack, files, timeout)
     api.wait_run("traffic_ingest", triggered["dag_run_id"], timeout=timeout)
-    _ingest_runs_finish(stack, timeout)
     ran = []
-    for run in api.runs("traffic_ingest"):
+    # The runs as they ended, not listed again: the schedule may have made a new one since (it finds no file).
+    for run in _ingest_runs_finish(stack, timeout):
         assert run["state"] == "success", failed_logs(stack, "traffic_ingest", run["dag_run_id"])
         task = api.get(f"/api/v2/dags/traffic_ingest/dagRuns/{run['dag_run_id']}/taskInstances/ingest")
         if task["state"] == "success":
