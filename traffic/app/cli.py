@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from traffic import __version__
+from traffic.app.collect.options import COLLECT_ARGUMENTS
 from traffic.app.console import print_batch, print_close, print_timings, progress
 from traffic.app.exits import EXIT_CHECK, EXIT_PIPE, EXIT_USER, FIXABLE, fixable_problem, reader_gone, unexpected
 from traffic.app.printouts import print_alerts, print_bills, print_status, print_top
@@ -384,7 +385,7 @@ def cmd_collect(args, settings, spark) -> int:
     # --allow replaces the allowed_exporters setting (config < environment < command line)
     allow = [block for text in args.allow for block in text.split(",")] if args.allow else settings.allowed_exporters
     options = build_options(args.listen, args.rotate, args.flush, args.flush_datagrams, args.rcvbuf, args.status,
-                            args.status_every, args.log_every, args.metrics, allow, args.allow_any)
+                            args.status_every, args.log_every, args.metrics, allow, args.allow_any, args.upload)
     return run(settings.inbox, settings.exporters, options)
 
 
@@ -511,26 +512,7 @@ COMMANDS = {command.name: command for command in (
     Command("demo", "generate sample traffic and run the whole pipeline on it", cmd_demo, (
         arg("--dir", default="demo", help="folder for the demo's inbox and warehouse (default ./demo)"),)),
     Command("collect", "receive sFlow/NetFlow/IPFIX datagrams over UDP into inbox/<source>/ as pcap files (decodes "
-            "nothing; runs until SIGTERM or Ctrl-C)", cmd_collect, (
-        arg("--listen", action="append", metavar="HOST:PORT",
-            help="address and UDP port to listen on, [v6]:port for IPv6 (repeatable; default 127.0.0.1:2055, "
-                 "127.0.0.1:4739 and 127.0.0.1:6343: loopback only)"),
-        arg("--allow", action="append", metavar="BLOCKS",
-            help="address blocks whose datagrams are taken, e.g. 192.0.2.0/24,2001:db8::1 (repeatable; replaces "
-                 "the allowed_exporters setting); others are dropped and counted"),
-        arg("--allow-any", action="store_true",
-            help="take datagrams from any sender, also on an address other machines reach"),
-        arg("--rotate", default="60", help="period per file and source: seconds or 90s, 15m, 1h (default 60)"),
-        arg("--flush", default="1", help="seconds (0.05) or a duration (2s, 1m) between hand-overs to the OS: what "
-            "a SIGKILL may lose (default 1)"),
-        arg("--flush-datagrams", type=int, default=10_000,
-            help="hand over to the OS after this many datagrams too (default 10000)"),
-        arg("--rcvbuf", default="32M", help="socket receive buffer to ask for, per address (default 32M)"),
-        arg("--status", help="JSON status file, rewritten atomically every --status-every seconds"),
-        arg("--status-every", default="5", help="seconds or a duration between status files (default 5)"),
-        arg("--log-every", default="60",
-            help="seconds or a duration between status lines on stderr (default 60; 0: none)"),
-        arg("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here (e.g. 127.0.0.1:9155)"))),
+            "nothing; runs until SIGTERM or Ctrl-C)", cmd_collect, COLLECT_ARGUMENTS),
 )}
 
 

@@ -1,7 +1,7 @@
 """``traffic collect``: receive flow telemetry over UDP and store every datagram, undecoded, in the inbox.
 
     traffic collect [--listen HOST:PORT ...] [--allow BLOCKS | --allow-any] [--inbox DIR] [--rotate 60s]
-                    [--status FILE] [--metrics 127.0.0.1:9155]
+                    [--status FILE] [--metrics 127.0.0.1:9155] [--upload s3://bucket/prefix]
 
 DESIGN §7a. Each datagram is written with its receive time (the kernel's, ``SO_TIMESTAMP``) and its
 exporter's address and port as one record of a classic pcap (``traffic.io.datagrams``) in
@@ -28,10 +28,14 @@ killed collector left (``recover``): its whole records are kept, a torn last rec
 is renamed, so nothing flushed is lost. A hidden file is only taken when no process holds its lock
 (each open file is ``flock``-ed), so two collectors may share an inbox.
 
+With ``--upload s3://bucket/prefix`` the inbox is a local spool: each completed file is sent to the store
+as one object, never over another, and removed once the store has it (``upload``).
+
 The package, by role: ``options`` (what the command is told, checked before anything is bound),
 ``receiver`` (the collector as a library: sockets and the receive loop), ``files`` (one file per
 source and period, its rotation, ``recover``), ``counts`` (per exporter and refused sender, and
-their Prometheus view), ``service`` (the command's run: signals, start and stop lines).
+their Prometheus view), ``upload`` (completed files to object storage), ``service`` (the command's
+run: signals, start and stop lines).
 
 Operator documentation: ``docs/collect.md``.
 """

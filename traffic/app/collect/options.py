@@ -12,8 +12,10 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 # The setting's own parsers, so ``--allow`` reads blocks and ``--rotate`` durations exactly as the settings do.
+from traffic.core.location import LocationError, ObjectLocation
 from traffic.core.settings import SettingsError, _parse_exporter_blocks, parse_duration
 
 #: Where flow telemetry usually arrives: NetFlow (2055), IPFIX (4739), sFlow (6343); loopback only.
@@ -173,12 +175,13 @@ class CollectOptions:
     allow: tuple = ()  # ``ipaddress`` networks: the only senders taken (empty: every sender, loopback only)
     allow_any: bool = False  # every sender, also on a listen other machines reach (``--allow-any``)
     refused_senders: int = REFUSED_SENDERS
+    upload: str | None = None  # ``s3://bucket/prefix``: each completed file sent there, then removed (``upload``)
 
 
 def build_options(listen: list[str] | None = None, rotate: float | str = 60.0, flush: float | str = 1.0,
                   flush_datagrams: int = 10_000, rcvbuf: str = "32M", status: str | None = None,
                   status_every: float | str = 5.0, log_every: float | str = 60.0, metrics: str | None = None,
-                  allow=(), allow_any: bool = False) -> CollectOptions:
+                  allow=(), allow_any: bool = False, upload: str | None = None) -> CollectOptions:
     """Checked options from the command line's values (a ``CollectError`` names the one to fix).
 
     Periods are bare seconds or durations (``2s``, ``15m``); ``allow`` is address blocks (the
@@ -192,9 +195,49 @@ def build_options(listen: list[str] | None = None, rotate: float | str = 60.0, f
     log_every = parse_seconds("--log-every", log_every, 0.1, zero=True)
     if flush_datagrams < 1:
         raise CollectError(f"--flush-datagrams {flush_datagrams}: must be at least 1")
+    if upload:
+        upload = parse_upload(upload).url
     options = CollectOptions(endpoints, rotate, flush, int(flush_datagrams), parse_size("--rcvbuf", rcvbuf),
                              Path(status).absolute() if status else None, status_every, log_every,
                              parse_listen(metrics) if metrics else None, parse_allowed("--allow", allow),
-                             bool(allow_any))
+                             bool(allow_any), REFUSED_SENDERS, upload or None)
     check_who_may_export(options)
     return options
+
+
+def parse_upload(url: str, environ: Mapping[str, str] | None = None) -> ObjectLocation:
+    """The ``--upload`` location, or a one-line ``CollectError`` naming what is wrong with it."""
+    try:
+        return ObjectLocation.parse(url, environ)
+    except LocationError as error:
+        raise CollectError(f"--upload {url}: {error}") from None
+
+
+def _arg(*flags: str, **spec) -> tuple[tuple[str, ...], dict]:
+    return flags, spec
+
+
+#: ``traffic collect``'s own options, as ``ArgumentParser.add_argument`` takes them (``traffic.app.cli`` adds them).
+COLLECT_ARGUMENTS = (
+    _arg("--listen", action="append", metavar="HOST:PORT",
+         help="address and UDP port to listen on, [v6]:port for IPv6 (repeatable; default 127.0.0.1:2055, "
+              "127.0.0.1:4739 and 127.0.0.1:6343: loopback only)"),
+    _arg("--allow", action="append", metavar="BLOCKS",
+         help="address blocks whose datagrams are taken, e.g. 192.0.2.0/24,2001:db8::1 (repeatable; replaces "
+              "the allowed_exporters setting); others are dropped and counted"),
+    _arg("--allow-any", action="store_true",
+         help="take datagrams from any sender, also on an address other machines reach"),
+    _arg("--rotate", default="60", help="period per file and source: seconds or 90s, 15m, 1h (default 60)"),
+    _arg("--flush", default="1", help="seconds (0.05) or a duration (2s, 1m) between hand-overs to the OS: what "
+         "a SIGKILL may lose (default 1)"),
+    _arg("--flush-datagrams", type=int, default=10_000,
+         help="hand over to the OS after this many datagrams too (default 10000)"),
+    _arg("--rcvbuf", default="32M", help="socket receive buffer to ask for, per address (default 32M)"),
+    _arg("--status", help="JSON status file, rewritten atomically every --status-every seconds"),
+    _arg("--status-every", default="5", help="seconds or a duration between status files (default 5)"),
+    _arg("--log-every", default="60",
+         help="seconds or a duration between status lines on stderr (default 60; 0: none)"),
+    _arg("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here (e.g. 127.0.0.1:9155)"),
+    _arg("--upload", metavar="s3://BUCKET/PREFIX", help="send each completed file there as one object, then "
+         "remove it from the inbox (AWS_* variables reach the store; docs/collect.md)"),
+)

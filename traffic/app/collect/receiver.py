@@ -23,7 +23,7 @@ from typing import Callable, Mapping
 from traffic.app.collect.counts import Exporter, Metrics, Refused
 from traffic.app.collect.files import Sink, complete_sink, flush_sink, open_sink, recover
 from traffic.app.collect.options import MIB, CollectError, CollectOptions, Endpoint, check_who_may_export, \
-    ipv4_blocks, sender_allowed, source_folder
+    ipv4_blocks, parse_upload, sender_allowed, source_folder
 from traffic.core.records import canonical_ip
 from traffic.io.datagrams import MAX_DATAGRAM, datagram_record
 
@@ -64,6 +64,11 @@ class Collector:
         self.names = dict(exporters)
         self.options = options
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.upload = None  # an ``Uploader`` with ``--upload``: the inbox is then a spool it empties
+        if options.upload:
+            from traffic.app.collect.upload import Uploader  # deferred: only with --upload
+
+            self.upload = Uploader(self.inbox, parse_upload(options.upload), self.log)
         self.listeners: list[_Listener] = []
         self.exporters: dict[str, Exporter] = {}  # allowed senders only
         self.sinks: dict[str, Sink] = {}
@@ -93,8 +98,12 @@ class Collector:
         try:
             check_who_may_export(self.options)  # before anything is bound: a refused start opens no port
             self._check_inbox()
+            if self.upload is not None:
+                self.upload.check()  # a store it cannot use: one line, before any port is bound
             for line in recover(self.inbox):
                 self.log(f"collect: {line}")
+            if self.upload is not None:
+                self.upload.start()  # what a stopped collector left goes first
             for endpoint in self.options.listen:
                 self.listeners.append(self._bind(endpoint))
             if self.options.metrics is not None:
@@ -332,6 +341,8 @@ class Collector:
     def _complete(self, sink: Sink) -> None:
         complete_sink(sink)
         self.files_written += 1
+        if self.upload is not None:
+            self.upload.wake()
 
     def _period_of(self, now: float) -> int:
         return int(now // self.options.rotate)
@@ -392,6 +403,7 @@ class Collector:
             "bytes": size,
             "kernel_drops": drops,
             "files_written": self.files_written,
+            **({"upload": self.upload.status()} if self.upload is not None else {}),
             "open_files": sorted(f"{sink.source}/.{sink.name}" for sink in list(self.sinks.values())),
             "exporters": exporters,
             "sources": per_source,
@@ -415,8 +427,10 @@ class Collector:
 
     # -- end ----------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Complete every open file, write the last status, release the sockets."""
+        """Complete every open file (and send them, with ``--upload``), write the last status, release the sockets."""
         self._rotate()
+        if self.upload is not None:
+            self.upload.finish()
         self._read_drops()
         self._write_status()
         self._close_sockets()

@@ -19,6 +19,9 @@ def run(inbox: Path, exporters: Mapping[str, str], options: CollectOptions) -> i
         collector.start()
         collector.log(f"collect: writing to {inbox}/<source>/, a file per source every {options.rotate:g} s; "
                       "stop with SIGTERM or Ctrl-C")
+        if collector.upload is not None:
+            collector.log(f"collect: sending each completed file to {collector.upload.location}/<source>/ as one "
+                          f"object, then removing it from {inbox}")
         try:
             collector.serve()
         finally:
