@@ -290,3 +290,41 @@ def test_sigkill_with_a_classic_jvm_then_rerun_equals_uninterrupted(spark, scena
     point, index = next((p, i) for p, i in points if p.startswith("periods.freeze.committed"))
     harness = _kill_and_rerun(spark, tmp_path / "classic", scenario, point, index, None)
     _assert_converged(harness, tables[index + 1], point)
+
+
+def test_sigkill_with_the_inbox_on_object_storage_then_rerun_equals_uninterrupted(spark, scenario, connect_server,
+                                                                                  forks, seaweed, tmp_path):
+    """The first ingest's files as objects of an ``s3://`` inbox (issue 38): killed at its first, a middle and its
+    last write step, in a Connect client whose executors reach the store only through the task (they never saw
+    the AWS variables), the rerun gives the uninterrupted run's tables."""
+    from tests.support.harness import put_object
+
+    _, tables, points = scenario
+    first = [p for p, i in points if i == 0]  # the first ingest's, counted from its start
+    chosen = [first[0], first[len(first) // 2], first[-1]]
+    env = seaweed.environ({})
+    mp = pytest.MonkeyPatch()
+    for name, value in env.items():
+        mp.setenv(name, value)
+    try:
+        for number, point in enumerate(chosen):
+            inbox = seaweed.url(f"crash-inbox-{number}-{os.getpid()}")
+            staging = Harness(tmp_path / f"files{number}", spark)
+            _deliver(staging, 0)
+            for path in sorted((staging.root / "inbox").rglob("*")):
+                if path.is_file():
+                    put_object(f"{inbox}/{path.relative_to(staging.root / 'inbox').as_posix()}", path.read_bytes())
+            root = tmp_path / f"s3-{number}"
+            harness = Harness(root, spark, keep_hours=1, local_networks=LOCAL, accounts_file=_accounts(root),
+                              inbox=inbox)
+            command = ["ingest", "--warehouse", str(root / "warehouse"), "--inbox", inbox, "--set", "keep_hours=1",
+                       "--set", "shuffle_partitions=2", "--set", f"local_networks={LOCAL}",
+                       "--set", f"accounts_file={root / 'accounts.toml'}",
+                       "--set", f"now={harness.settings.now.isoformat()}",
+                       "--set", f"fault_at={point}", "--spark-master", connect_server.url]
+            code, output = forks.run(command, env={"TZ": "UTC", **env})
+            assert code == -signal.SIGKILL, f"{point}: exit {code}: {output[-2000:]}"
+            harness.ingest()
+            _assert_converged(harness, tables[1], f"{point} (inbox on S3)")
+    finally:
+        mp.undo()

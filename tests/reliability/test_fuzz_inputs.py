@@ -272,3 +272,78 @@ def test_inbox_plans_every_regular_file_once_and_never_opens_anything_else(tmp_p
     assert {n for n, f in by_name.items() if f.status in (ACCOUNTED, DUPLICATE)} == regular
     assert {n for n, f in by_name.items() if f.status == SKIPPED} == other
     assert all(f.note for f in planned if f.status == SKIPPED)
+
+
+# -- an inbox on object storage (issue 38): what its reader and its listing make of any bytes and any key --------
+
+reads = st.lists(st.tuples(st.sampled_from(["seek", "read", "tell"]), st.integers(-5, 3 << 20)), max_size=12)
+segment = st.one_of(st.sampled_from(["r1", ".hidden", "_tmp", "a b", "é", "x" * 129, "f.part", "f.TMP", "%41",
+                                     "+", "~", "f.csv", "q=1&v"]),
+                    st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF, exclude_characters="/\\\x7f"),
+                            min_size=1, max_size=10))
+
+
+@pytest.fixture
+def object_inbox(seaweed, monkeypatch):
+    for name, value in seaweed.environ({}).items():
+        monkeypatch.setenv(name, value)
+    return seaweed
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=3 << 20) | st.just(b""), operations=reads)
+def test_an_object_reads_as_its_bytes_whatever_the_seeks(object_inbox, data, operations):
+    """Any sequence of seeks and reads through an object's handle gives what the same on its bytes in memory gives."""
+    import io
+    import uuid
+
+    from tests.support.harness import put_object
+    from traffic.io.files import open_regular, size_and_mtime
+
+    url = object_inbox.url(f"fuzz-reads/{uuid.uuid4().hex}")
+    put_object(url, data)
+    expected = io.BytesIO(data)
+    with open_regular(url) as handle:
+        assert size_and_mtime(handle)[0] == len(data)
+        for operation, number in operations:
+            if operation == "seek":
+                number = abs(number)
+                assert handle.seek(number) == expected.seek(number)
+            elif operation == "read":
+                number = max(number, -1)  # -1: to the end
+                assert handle.read(number) == expected.read(number)
+            else:
+                assert handle.tell() == expected.tell()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(keys=st.lists(st.lists(segment, min_size=1, max_size=3).map("/".join), min_size=1, max_size=8, unique=True))
+def test_any_object_key_is_taken_skipped_with_a_reason_or_left_by_the_naming_rules(object_inbox, keys):
+    """The listing never fails on a key: each object is taken (under its own key and size), recorded as skipped
+    with a reason, or left because a name in it is hidden or still being sent, as a folder's scan would."""
+    import uuid
+
+    from tests.support.harness import put_object
+    from traffic.core.records import source_problem
+    from traffic.io import inbox as inbox_mod
+
+    inbox = object_inbox.url(f"fuzz-keys/{uuid.uuid4().hex}")
+    stored = {}
+    for number, key in enumerate(keys):
+        put_object(f"{inbox}/{key}", b"x" * number)
+        stored[key] = number
+    found = {f.name: f for f in inbox_mod.scan(inbox)}
+    assert set(found) <= set(stored)
+    for key, size in stored.items():
+        names = key.split("/")
+        left = any(n.startswith((".", "_")) for n in names) or names[-1].lower().endswith(
+            (".tmp", ".part", ".partial", ".crdownload"))
+        if left:
+            assert key not in found, key
+        elif key in found and found[key].status == inbox_mod.SKIPPED:
+            assert found[key].note.startswith("inbox folder") and source_problem(names[0]), key
+        else:
+            assert found[key].size == size and found[key].path == f"{inbox}/{key}", key
+            assert found[key].source == (names[0] if len(names) > 1 else "default")

@@ -33,6 +33,20 @@ def test_a_bad_warehouse_url_is_one_line_naming_the_setting(value, why):
     assert message.startswith("warehouse: ") and why in message and "\n" not in message and "secret@" not in message
 
 
+def test_an_inbox_url_is_kept_as_a_url_and_replay_then_needs_folders_named(tmp_path):
+    from traffic.orchestration.replay_form import replay_input
+
+    settings = load_settings(environ={"TRAFFIC_INBOX": "s3://lake/inbox/"})
+    assert settings.inbox == "s3://lake/inbox" and settings.replay_folders() == ()
+    with pytest.raises(SettingsError) as raised:
+        replay_input(settings, str(tmp_path))
+    assert "replay_roots" in str(raised.value) and "\n" not in str(raised.value)
+    named = settings.replace(replay_roots=str(tmp_path))
+    assert named.replay_folders() == (tmp_path,) and replay_input(named, str(tmp_path)) == tmp_path
+    with pytest.raises(SettingsError, match="^inbox: .*names no bucket"):
+        load_settings(environ={"TRAFFIC_INBOX": "s3:///x"})
+
+
 def test_lease_ttl_has_a_floor():
     assert load_settings(environ={"TRAFFIC_LEASE_TTL": "45s"}).lease_ttl.total_seconds() == 45
     with pytest.raises(SettingsError, match="lease_ttl: 1 s is too short"):

@@ -83,6 +83,8 @@ class Rules:
     attempt: int = 0
     #: The accounts file the batch's open panes are attributed with (none: every address ``unassigned``).
     mapping: Mapping = field(default_factory=Mapping)
+    #: An inbox on object storage: its ``ObjectLocation``, so the task reaches the store as the driver does.
+    inbox: object | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "scratch", Place.of(self.scratch))  # a folder's path given: the place it names
@@ -238,14 +240,15 @@ def run_chunk(row: dict, rules: Rules, settings) -> dict:
     telemetry = None
     try:
         if row["format"] == FLOWS:
-            files = [(read_piece(f["path"], 0, f["size"], f["sha256"]), f["name"], f["start"]) for f in row["files"]]
+            files = [(read_piece(f["path"], 0, f["size"], f["sha256"], rules.inbox), f["name"], f["start"])
+                     for f in row["files"]]
         elif row["format"] == CAPTURE:
             # The whole capture from its file header (an appended tail has none), of which this task
             # decodes the frames that start in its range.
-            data = read_piece(row["path"], 0, row["file_end"], row["sha256"])
+            data = read_piece(row["path"], 0, row["file_end"], row["sha256"], rules.inbox)
             own = (row["start"], row["end"])
         else:
-            data = read_piece(row["path"], row["start"], row["end"], row["sha256"])
+            data = read_piece(row["path"], row["start"], row["end"], row["sha256"], rules.inbox)
             if row["format"] == CSV_HEADER and row.get("header"):
                 data = row["header"].encode() + b"\n" + data  # an appended tail is read under its file's header
     except PieceChanged:

@@ -379,13 +379,16 @@ def cmd_demo(args, settings, spark) -> int:
 
 def cmd_collect(args, settings, spark) -> int:
     """Receive flow telemetry over UDP into the inbox until SIGTERM or Ctrl-C (docs/collect.md)."""
-    from traffic.app.collect.options import build_options  # deferred: per command (see the docstring)
+    from traffic.app.collect.options import CollectError, build_options  # deferred: per command (see the docstring)
     from traffic.app.collect.service import run  # deferred: per command (see the docstring)
 
     # --allow replaces the allowed_exporters setting (config < environment < command line)
     allow = [block for text in args.allow for block in text.split(",")] if args.allow else settings.allowed_exporters
     options = build_options(args.listen, args.rotate, args.flush, args.flush_datagrams, args.rcvbuf, args.status,
                             args.status_every, args.log_every, args.metrics, allow, args.allow_any, args.upload)
+    if is_object_url(settings.inbox):
+        raise CollectError(f"the inbox is {settings.inbox}, and collect writes its files to a local folder: give that "
+                           f"folder as --inbox, and --upload {settings.inbox} to send each completed file there")
     return run(settings.inbox, settings.exporters, options)
 
 
@@ -547,8 +550,11 @@ def main(argv: list[str] | None = None, spark=None) -> int:
         if args.command == "demo":
             base = Path(args.dir).absolute()
             settings = settings.replace(warehouse=base / "warehouse", inbox=base / "inbox")
-        elif args.command != "collect" and is_object_url(settings.warehouse):  # a wrong endpoint fails here, at once
-            ObjectLocation.parse(settings.warehouse).check_reachable()
+        elif args.command != "collect":  # a wrong endpoint fails here, at once
+            reads_inbox = args.command in ("ingest", "run")
+            for place in (settings.warehouse, *([settings.inbox] if reads_inbox else [])):
+                if is_object_url(place):
+                    ObjectLocation.parse(place).check_reachable()
         holder = SparkHolder(settings, f"traffic-{args.command}", spark)
         code = COMMANDS[args.command].run(args, settings, holder)
         sys.stdout.flush()  # here, not at exit: a reader gone by now is handled below

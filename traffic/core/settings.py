@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Mapping
 from traffic.core.accounts import AccountsError, load_accounts
-from traffic.core.location import LocationError, ObjectLocation
+from traffic.core.location import LocationError, ObjectLocation, is_object_url
 from traffic.core.records import canonical_ip, source_problem
 
 
@@ -149,7 +149,7 @@ class Settings:
     """Every knob of the pipeline. Durations are ``timedelta``; paths are absolute."""
 
     warehouse: Path | str = Path("./warehouse")  # a folder, or s3://bucket/prefix (object storage)
-    inbox: Path = Path("./inbox")
+    inbox: Path | str = Path("./inbox")  # a folder, or s3://bucket/prefix (objects uploaded whole)
     replay_roots: tuple[Path, ...] = ()  # empty: the inbox and ``archive`` beside it (``replay_folders``)
     keep_hours: int = 24
     allowed_lateness: timedelta = timedelta(0)
@@ -231,7 +231,9 @@ class Settings:
     def replay_folders(self) -> tuple[Path, ...]:
         """Folders the replay form of the ``traffic_replay`` DAG may read from (``replay_roots``); by
         default the inbox and the ``archive`` folder next to it (``/data/inbox`` → ``/data/archive``)."""
-        return self.replay_roots or (self.inbox, self.inbox.parent / "archive")
+        if self.replay_roots or is_object_url(self.inbox):  # an archive on object storage is not a folder
+            return self.replay_roots
+        return (self.inbox, self.inbox.parent / "archive")
 
     def replace(self, **changes: Any) -> "Settings":
         """A copy with some values changed (validated like any other source)."""
@@ -257,7 +259,7 @@ def _parse_place(name: str, value) -> Path | str:
 
 _PARSERS = {
     "warehouse": lambda n, v: _parse_place(n, v),
-    "inbox": lambda n, v: Path(v).expanduser().absolute(),
+    "inbox": lambda n, v: _parse_place(n, v),
     "replay_roots": lambda n, v: _parse_folders(n, v),
     "keep_hours": lambda n, v: _parse_int(n, v, 0, MAX_KEEP_HOURS),
     "allowed_lateness": parse_duration,

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from traffic.io.files import PieceChanged, open_regular
+from traffic.io.files import OBJECT_PREFIX, PieceChanged, open_regular, size_and_mtime
 from traffic.core.records import source_problem
 from traffic.core.settings import Settings
 from traffic.io.readers import CAPTURE, CSV_HEADER, FLOWS, FLOWS_SUFFIX, ROUTER_FEED, detect_format
@@ -67,14 +67,18 @@ class InboxFile:
     pieces: tuple = ()  # (start, end, sha256) per parse task: exactly the bytes each one reads
 
 
-def scan(inbox: Path, min_age_seconds: float = 0.0, now: float | None = None) -> list[InboxFile]:
+def scan(inbox: Path | str, min_age_seconds: float = 0.0, now: float | None = None) -> list[InboxFile]:
     """Complete files of the inbox, sorted by name (hidden and in-progress names are skipped).
 
     Entries that are not regular files inside the inbox (links leading out of it, dangling
     links, FIFOs, sockets, devices, links to folders) come back with status ``skipped`` and a
-    note: they are recorded by name and never opened.
+    note: they are recorded by name and never opened. An ``s3://`` inbox is scanned by listing
+    its objects (``scan_objects``).
     """
 
+    if str(inbox).startswith(OBJECT_PREFIX):
+        return scan_objects(str(inbox), min_age_seconds, now)
+    inbox = Path(inbox)
     if not inbox.exists():
         raise InboxError(f"inbox {inbox} does not exist (create it, or set TRAFFIC_INBOX / --inbox)")
     if not inbox.is_dir():
@@ -87,7 +91,7 @@ def scan(inbox: Path, min_age_seconds: float = 0.0, now: float | None = None) ->
         dirs[:] = [d for d in names if not os.path.islink(os.path.join(root, d))]
         linked_dirs = [d for d in names if d not in dirs]
         for name in sorted([*files, *linked_dirs]):
-            if name.startswith((".", "_")) or name.lower().endswith(_INCOMPLETE_SUFFIXES):
+            if not _taken(name):
                 continue
             path = Path(root) / name
             relative = path.relative_to(inbox)
@@ -112,6 +116,46 @@ def scan(inbox: Path, min_age_seconds: float = 0.0, now: float | None = None) ->
                 continue
             found.append(InboxFile(relative.as_posix(), target, source, info.st_size, info.st_mtime_ns))
     return found
+
+
+def scan_objects(url: str, min_age_seconds: float = 0.0, now: float | None = None) -> list[InboxFile]:
+    """``scan`` of an inbox on object storage: its objects by key, with the names a folder's scan takes.
+
+    A key is a file's path: ``<source>/<name>`` gives the source, a segment starting with ``.`` or ``_``
+    or a name ending like an upload in progress is not taken, and an object is young by its
+    last-modified time. Uploads are whole objects, so no object is ever read half-written.
+    """
+    from traffic.io.objects import addressable, list_objects  # deferred: only an inbox on object storage needs obstore
+
+    now = time.time() if now is None else now
+    try:
+        listed = list_objects(url)
+    except FileNotFoundError:
+        listed = []
+    except Exception as error:  # noqa: BLE001 - the store's errors say in their text what went wrong
+        raise InboxError(f"inbox {url} cannot be listed: {str(error).splitlines()[0][:300]}") from None
+    found = []
+    for entry in listed:
+        parts = entry.name.split("/")
+        if any(p.startswith((".", "_")) for p in parts[:-1]) or not _taken(parts[-1]):
+            continue
+        source = parts[0] if len(parts) > 1 else "default"
+        problem = source_problem(source)
+        problem = f"inbox folder {problem}" if problem else None if addressable(entry.name) else (
+            "its key has a control character or an empty, '.' or '..' folder name, which the object store "
+            "client cannot read: never read")
+        if problem is not None:
+            found.append(InboxFile(entry.name, entry.url, source, 0, entry.mtime_ns, status=SKIPPED, note=problem))
+            continue
+        if now - entry.mtime_ns / 1e9 < min_age_seconds:
+            continue
+        found.append(InboxFile(entry.name, entry.url, source, entry.size, entry.mtime_ns))
+    return found
+
+
+def _taken(name: str) -> bool:
+    """Whether a file name is one the inbox takes (not hidden, not an upload in progress)."""
+    return not name.startswith((".", "_")) and not name.lower().endswith(_INCOMPLETE_SUFFIXES)
 
 
 def _not_regular(path: Path, info: os.stat_result, root_real: str) -> str | None:
@@ -201,13 +245,13 @@ def survey(f: InboxFile, cutting: Cutting) -> tuple[InboxFile, str]:
     """
 
     with open_regular(f.path) as handle:
-        info = os.fstat(handle.fileno())
+        file_size, file_mtime = size_and_mtime(handle)
         head = handle.read(4096)
         fmt = detect_format(f.name, head)
         if fmt == CAPTURE and (f.name.lower().endswith(FLOWS_SUFFIX) or f.source in cutting.telemetry_sources):
             fmt = FLOWS  # one task reads all of a source's telemetry files of a batch, in order (templates)
-        end = min(f.size, info.st_size)
-        if fmt not in (CAPTURE, FLOWS) and end > f.start and time.time() - info.st_mtime < cutting.partial_line_grace:
+        end = min(f.size, file_size)
+        if fmt not in (CAPTURE, FLOWS) and end > f.start and time.time() - file_mtime < cutting.partial_line_grace:
             end = _after_last_newline(handle, f.start, end)
         cuts = [f.start, end]
         if fmt == CAPTURE and end - f.start >= 2 * MIN_SPLIT_BYTES:

@@ -21,6 +21,9 @@ def replay_input(settings, folder: str) -> Path:
     from traffic.core.settings import SettingsError  # deferred: DAG parsing stays light
 
     roots = [Path(os.path.realpath(root)) for root in settings.replay_folders()]
+    if not roots:
+        raise SettingsError("replay reads archives from folders only, and the inbox is on object storage: "
+                            "name the folders it may read in the setting replay_roots")
     allowed = ", ".join(str(root) for root in roots)
     if not Path(folder).is_absolute() or "\0" in folder:
         raise SettingsError(f"input {folder!r} is not an absolute folder (allowed: folders under {allowed})")

@@ -21,6 +21,7 @@ from traffic.accounting import parts
 from traffic.accounting.batch_tasks import CHANGED_SINCE_PLANNED, OUTCOME_DDL, VANISHED, task_function
 from traffic.accounting.ingest.batch import APP, RAW_TABLES, BatchRead
 from traffic.accounting.parts import file_part
+from traffic.core.location import ObjectLocation, is_object_url
 from traffic.core.periods import from_micros, future_limit, history_floor, micros
 from traffic.core.settings import Settings
 from traffic.io import inbox as inbox_mod
@@ -216,7 +217,8 @@ def read_batch(warehouse: Warehouse, plan: dict, progress) -> BatchRead:
                                       "max_flow_duration": settings.max_flow_duration.total_seconds(),
                                       "max_flow_bps": settings.max_flow_bps},
                         flow_states=plan.get("flow_state", {}),
-                        mapping=P.Mapping.of(settings.accounts_file))
+                        mapping=P.Mapping.of(settings.accounts_file),
+                        inbox=ObjectLocation.parse(settings.inbox) if is_object_url(settings.inbox) else None)
         outcomes, unread = _parse(warehouse.spark, chunk_rows, rules, staged, settings.max_history, progress)
         _keep_tasks_done(scratch, outcomes, unread, staged)
     attempts = {chunk: o["attempt"] for chunk, o in outcomes.items()}
