@@ -137,13 +137,20 @@ def cmd_run(args, settings, spark) -> int:
 
 def cmd_report(args, settings, spark) -> int:
     from traffic.reporting.html_report import write_report  # deferred: per command (see the docstring)
+    from traffic.storage.report_copy import fetch_reports, publish_reports  # deferred: per command (see the docstring)
+    from traffic.storage.place import Place  # deferred: per command (see the docstring)
+    from traffic.storage.warehouse import Warehouse  # deferred: per command (see the docstring)
     from traffic.core.settings import SettingsError, parse_duration  # deferred: per command (see the docstring)
 
     top_last = parse_duration("--top-last", args.top_last)
     if top_last.total_seconds() <= 0:
         raise SettingsError("--top-last must be a positive duration (24h, 7d, 90m)")
+    warehouse = Warehouse.reader(settings)
+    fetch_reports(warehouse)  # a warehouse on object storage: the runs other hosts published, for the links
     path = write_report(settings, top_last)
-    print(f"report: {printable(path)}")
+    sent, _ = publish_reports(warehouse)
+    print(f"report: {printable(path)}" + (f" (sent to {Place.of(settings.warehouse).uri}/_reports/index.html)"
+                                          if sent else ""))
     return 0
 
 

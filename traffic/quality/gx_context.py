@@ -13,7 +13,7 @@ from typing import Any
 
 from traffic.quality.one_pass import compile_rules, judging_suite
 from traffic.quality.suite_documents import suite_document
-from traffic.storage.journal import host_folder
+from traffic.storage.report_copy import reports_folder
 from traffic.storage.warehouse import Warehouse
 
 #: Validation results the Data Docs index lists (the newest; a freeze of one hour makes about four).
@@ -25,8 +25,8 @@ DOCS_INDEX_RUNS = 24
 
 def reports_dir(warehouse: Warehouse) -> Path:
     """``<warehouse>/_reports``: the HTML report and Data Docs (not a table). For a warehouse on object storage
-    a folder of this host's (``journal.host_folder``): README, not done, says so."""
-    return host_folder(warehouse.root, "_reports")
+    this host's copy, kept in step with the store's (``traffic.storage.report_copy``)."""
+    return reports_folder(warehouse)
 
 
 _CONTEXTS: dict[str, Any] = {}

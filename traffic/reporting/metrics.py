@@ -36,6 +36,7 @@ from traffic.accounting.bills import billing_cycle, read_final_panes
 from traffic.core.periods import DAY, HOUR, closed_hours, hour_ceil, hour_floor, month_start, next_month, period_end
 from traffic.quality.gx_context import reports_dir
 from traffic.reporting.html_bills import DerivedCache
+from traffic.storage.report_copy import publish_quietly
 from traffic.reporting.report import telemetry_health
 from traffic.storage import state as st
 from traffic.storage.table import StorageError
@@ -476,3 +477,4 @@ def _write_quietly(job: JobMetrics, progress: Callable[[str], None]) -> None:
         write_metrics(job.warehouse)
     except Exception as error:  # noqa: BLE001 - metrics never fail a job
         progress(f"warning: metrics not written to {metrics_path(job.warehouse)}: {type(error).__name__}: {error}")
+    publish_quietly(job.warehouse, progress)  # a warehouse on object storage: its reports go to the store

@@ -16,6 +16,7 @@ from traffic.accounting.close.rollup import roll_up_days, roll_up_months
 from traffic.core.periods import day_start, next_month, period_end
 from traffic.core.settings import Settings
 from traffic.quality.data_docs import build_data_docs
+from traffic.storage.report_copy import fetch_quietly
 from traffic.quality.gx_context import preload
 from traffic.quality.suite_documents import period_label
 from traffic.quality.suites import Validation
@@ -135,6 +136,7 @@ def execute_close(settings: Settings, warehouse: Warehouse, plan: ClosePlan, res
     if checks:
         clock = time.perf_counter()
         try:
+            fetch_quietly(warehouse, progress)  # on object storage: other hosts' runs, for the index
             build_data_docs(warehouse, checks)
         except Exception as error:  # noqa: BLE001 - the accounting is written; docs are a view of it
             progress(f"warning: Data Docs not rebuilt: {type(error).__name__}: {error}")
