@@ -27,9 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _stored(url: str) -> dict[str, bytes]:
-    """Every object under ``<url>/_reports/``: key below it → bytes."""
+    """Every report under ``<url>/_reports/`` (not the change records): key below it → bytes."""
     store = ObjectLocation.parse(url).store()
-    keys = [m["path"] for batch in obstore.list(store, prefix="_reports/") for m in batch]
+    keys = [m["path"] for batch in obstore.list(store, prefix="_reports/") for m in batch
+            if not m["path"].startswith("_reports/.changes/")]
     return {key[len("_reports/"):]: bytes(obstore.get(store, key).bytes()) for key in keys}
 
 
@@ -106,3 +107,57 @@ def test_traffic_report_says_where_it_sent_the_report(two_hosts, tmp_path):
     assert any(p.name == "index.html" and "data_docs" in p.parts for p in host_c.rglob("index.html"))  # fetched
     assert _stored(url)["index.html"] == next(p for p in host_c.rglob("index.html") if p.parent.name == "_reports"
                                               ).read_bytes()
+
+
+def test_a_fetch_reads_only_the_changes_since_the_last_and_a_file_written_here_wins(two_hosts, monkeypatch):
+    """After its first fetch a host lists only the change records after the last it applied (never all of
+    ``_reports/``, which grows with history); a file changed here since is sent, not overwritten; a host whose
+    last record was pruned compares with everything once."""
+    import traffic.storage.report_copy as copy
+
+    url, on = two_hosts
+    first = on("host-a")
+    _deliver_and_close(first, DELIVERIES[0])
+    second = on("host-b")
+    fetch_reports(second.warehouse())  # the first fetch: everything, once
+    listings = []
+    real_list = obstore.list
+
+    def counted(store, prefix=None, **options):
+        listings.append((prefix, options.get("offset")))
+        return real_list(store, prefix, **options)
+
+    monkeypatch.setattr(obstore, "list", counted)
+    first = on("host-a")
+    page = reports_folder(first.warehouse()) / "index.html"
+    page.write_text("<p>from host a</p>")
+    assert publish_reports(first.warehouse()) == (1, 0)
+    second = on("host-b")
+    assert fetch_reports(second.warehouse()) == 1
+    assert all(prefix == copy.CHANGES and offset for prefix, offset in listings), listings
+    mine = reports_folder(second.warehouse()) / "index.html"
+    assert mine.read_text() == "<p>from host a</p>"
+
+    first = on("host-a")
+    page.write_text("<p>from host a, again</p>")
+    publish_reports(first.warehouse())
+    second = on("host-b")
+    mine.write_text("<p>from host b</p>")  # changed here too, before this host looked again
+    assert fetch_reports(second.warehouse()) == 0 and mine.read_text() == "<p>from host b</p>"
+    publish_reports(second.warehouse())
+    assert _stored(url)["index.html"] == b"<p>from host b</p>"
+    first = on("host-a")
+    fetch_reports(first.warehouse())
+    assert page.read_text() == "<p>from host b</p>"
+
+    # Records host b has not applied pruned (as after KEEP_CHANGES more): its next fetch compares with everything.
+    store = ObjectLocation.parse(url).store()
+    for text in ("<p>from host a, next</p>", "<p>from host a, last</p>"):
+        page.write_text(text)
+        publish_reports(first.warehouse())
+    for batch in real_list(store, prefix=copy.CHANGES):
+        obstore.delete(store, [m["path"] for m in batch][:-1])  # all but the newest
+    listings.clear()
+    second = on("host-b")
+    fetch_reports(second.warehouse())
+    assert (copy.PREFIX, None) in listings and mine.read_text() == "<p>from host a, last</p>"
