@@ -18,8 +18,7 @@ from pathlib import Path
 import obstore
 import pytest
 
-from tests.integration.test_object_storage import DELIVERIES, _all_rows
-from tests.integration.test_worked_example import NOW
+from tests.integration.test_object_storage import _all_rows, _stream
 from tests.model.reference import ModelSettings, ReferenceModel
 from tests.reliability.test_hostile_inbox import _good, _rejects_by_file, _spark_factory_that
 from tests.support.harness import Harness, model_tables, put_object
@@ -49,23 +48,11 @@ def _statuses(harness: Harness) -> dict[str, str]:
     return {f["name"]: f["status"] for b in harness.table("batches") for f in b["files"]}
 
 
-def _run(harness: Harness, model: ReferenceModel | None) -> None:
-    for lines in DELIVERIES:
-        text = "\n".join(lines) + "\n"
-        harness.deliver("r1", text)
-        if model is not None:
-            model.ingest([("r1", text)], NOW)
-        harness.ingest()
-        harness.close()
-        if model is not None:
-            model.close()
-
-
 @pytest.fixture(scope="module")
 def files_run(spark, tmp_path_factory):
     """The stream delivered as files into a local inbox and warehouse: the reference of the runs from the store."""
     local = Harness(tmp_path_factory.mktemp("filesrun"), spark, engine="rs")
-    _run(local, None)
+    _stream(local, None)
     return local
 
 
@@ -75,7 +62,7 @@ def test_an_s3_inbox_gives_the_tables_of_a_local_one(aws, spark, files_run, tmp_
     tests/integration/test_object_storage.py's.)"""
     harness = Harness(tmp_path, spark, inbox=_prefix(aws, "inbox"), warehouse=_prefix(aws, "warehouse"), engine="rs")
     model = ReferenceModel(ModelSettings())
-    _run(harness, model)
+    _stream(harness, model)
     assert harness.tables() == model_tables(model)
     got, expected = _all_rows(harness.warehouse()), _all_rows(files_run.warehouse())
     for name in schemas.TABLES:

@@ -231,19 +231,21 @@ def _record(store, manifest: dict, change: dict) -> None:
         obstore.delete(store, _change_key(number - KEEP_CHANGES))
 
 
-def publish_quietly(warehouse: Warehouse, progress: Callable[[str], None]) -> None:
-    """``publish_reports``; a failure is one warning line (reports are a view: the tables are what counts)."""
+def _quietly(step: Callable[[Warehouse], object], done: str, warehouse: Warehouse,
+             progress: Callable[[str], None]) -> None:
+    """``step(warehouse)``; a failure is one warning line (reports are a view: the tables are what counts)."""
     try:
-        publish_reports(warehouse)
+        step(warehouse)
     except Exception as error:  # noqa: BLE001 - reports never fail a job
-        progress(f"warning: reports not sent to {Place.of(warehouse.root).uri}/{PREFIX}: "
-                 f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}")
+        first = str(error).splitlines()[0][:200] if str(error) else ""
+        progress(f"warning: reports not {done} {Place.of(warehouse.root).uri}/{PREFIX}: {type(error).__name__}: {first}")
+
+
+def publish_quietly(warehouse: Warehouse, progress: Callable[[str], None]) -> None:
+    """``publish_reports``, a failure being one warning line."""
+    _quietly(publish_reports, "sent to", warehouse, progress)
 
 
 def fetch_quietly(warehouse: Warehouse, progress: Callable[[str], None]) -> None:
-    """``fetch_reports``; a failure is one warning line (this host's copy is then what it builds on)."""
-    try:
-        fetch_reports(warehouse)
-    except Exception as error:  # noqa: BLE001 - reports never fail a job
-        progress(f"warning: reports not fetched from {Place.of(warehouse.root).uri}/{PREFIX}: "
-                 f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}")
+    """``fetch_reports``, a failure being one warning line (this host's copy is then what it builds on)."""
+    _quietly(fetch_reports, "fetched from", warehouse, progress)
