@@ -201,3 +201,24 @@ class ObjectLocation:
         if "fs.s3a.session.token" in conf:
             conf["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
         return conf
+
+
+_STORES: dict = {}
+_FILESYSTEMS: dict = {}
+
+
+def object_store(location: ObjectLocation):
+    """One obstore store per location and credentials in a process (the lease's conditional puts, deletes,
+    listings without folder markers, an inbox's reads: a task reads many pieces)."""
+    key = (location, location._secrets)
+    if key not in _STORES:
+        _STORES[key] = location.store()
+    return _STORES[key]
+
+
+def shared_arrow_filesystem(location: ObjectLocation):
+    """One Arrow S3 filesystem per store and credentials in a process (each holds a connection pool)."""
+    key = (location, location._secrets)
+    if key not in _FILESYSTEMS:
+        _FILESYSTEMS[key] = location.arrow_filesystem()
+    return _FILESYSTEMS[key]

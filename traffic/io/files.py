@@ -10,11 +10,8 @@ import hashlib
 import os
 import stat
 
+from traffic.core.location import is_object_url
 from traffic.io.objects import ObjectRewritten, open_object
-
-
-#: How an inbox path on object storage starts (the inbox's files are then objects).
-OBJECT_PREFIX = "s3://"
 
 
 class PieceChanged(OSError):
@@ -25,7 +22,7 @@ def open_regular(path: str, location=None):
     """``path`` opened for reading if it is a regular file (never blocks on a FIFO or follows a last link);
     an ``s3://`` path is an object, opened pinned to its current version and reached as ``location`` (an
     ``ObjectLocation``) or the AWS variables say (``traffic.io.objects``)."""
-    if path.startswith(OBJECT_PREFIX):
+    if is_object_url(path):
         return open_object(path, location)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from traffic.io.files import OBJECT_PREFIX, PieceChanged, open_regular, size_and_mtime
+from traffic.core.location import is_object_url
+from traffic.io.files import PieceChanged, open_regular, size_and_mtime
 from traffic.core.records import source_problem
 from traffic.core.settings import Settings
 from traffic.io.readers import CAPTURE, CSV_HEADER, FLOWS, FLOWS_SUFFIX, ROUTER_FEED, detect_format
@@ -76,7 +77,7 @@ def scan(inbox: Path | str, min_age_seconds: float = 0.0, now: float | None = No
     its objects (``scan_objects``).
     """
 
-    if str(inbox).startswith(OBJECT_PREFIX):
+    if is_object_url(str(inbox)):
         return scan_objects(str(inbox), min_age_seconds, now)
     inbox = Path(inbox)
     if not inbox.exists():
@@ -129,9 +130,7 @@ def scan_objects(url: str, min_age_seconds: float = 0.0, now: float | None = Non
 
     now = time.time() if now is None else now
     try:
-        listed = list_objects(url)
-    except FileNotFoundError:
-        listed = []
+        listed = list_objects(url)  # an absent prefix lists empty
     except Exception as error:  # noqa: BLE001 - the store's errors say in their text what went wrong
         raise InboxError(f"inbox {url} cannot be listed: {str(error).splitlines()[0][:300]}") from None
     found = []
@@ -141,9 +140,11 @@ def scan_objects(url: str, min_age_seconds: float = 0.0, now: float | None = Non
             continue
         source = parts[0] if len(parts) > 1 else "default"
         problem = source_problem(source)
-        problem = f"inbox folder {problem}" if problem else None if addressable(entry.name) else (
-            "its key has a control character or an empty, '.' or '..' folder name, which the object store "
-            "client cannot read: never read")
+        if problem is not None:
+            problem = f"inbox folder {problem}"
+        elif not addressable(entry.name):
+            problem = ("its key has a control character or an empty, '.' or '..' folder name, which the object "
+                       "store client cannot read: never read")
         if problem is not None:
             found.append(InboxFile(entry.name, entry.url, source, 0, entry.mtime_ns, status=SKIPPED, note=problem))
             continue

@@ -3,8 +3,9 @@
 A leaf module like ``traffic.io.files``: parse tasks on executors import it to read their piece of an
 object. An object is opened pinned to the ETag it has when opened: every range read through one handle
 comes from that one version of the object (``If-Match``), so a rewrite while a batch plans or reads it
-shows as ``ObjectRewritten`` (a piece then changed: retried by the next batch), never as a mix of two versions. Planning pins the
-sha256 of each piece as it does for files, and a task checks it before it counts anything.
+shows as ``ObjectRewritten`` (a piece then changed: retried by the next batch), never as a mix of two
+versions. Planning pins the sha256 of each piece as it does for files, and a task checks it before it
+counts anything.
 
 Endpoint, region and credentials come from the standard AWS variables, as for an ``s3://`` warehouse.
 """
@@ -13,9 +14,8 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
-from traffic.core.location import ObjectLocation
+from traffic.core.location import ObjectLocation, object_store, shared_arrow_filesystem
 
 #: Bytes a handle fetches per request at least (reads of a few KiB do not cost a request each).
 READ_AHEAD = 1 << 20
@@ -41,8 +41,7 @@ def reach(url: str, location: ObjectLocation | None = None) -> tuple[object, str
     this process's AWS variables say."""
     bucket, key = split_url(url)
     where = location if location is not None and location.bucket == bucket else ObjectLocation.parse(f"s3://{bucket}")
-    root = replace(where, prefix="")
-    return _store(root, root._secrets), key
+    return object_store(replace(where, prefix="")), key
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -51,12 +50,6 @@ def split_url(url: str) -> tuple[str, str]:
     scheme, _, rest = url.partition("://")
     bucket, _, key = rest.partition("/")
     return bucket, key
-
-
-@lru_cache(maxsize=16)
-def _store(root: ObjectLocation, _secrets: tuple):
-    """One client per store and set of credentials, kept for the process (a task reads many pieces)."""
-    return root.store()
 
 
 def list_objects(url: str) -> list[Listed]:
@@ -71,7 +64,7 @@ def list_objects(url: str) -> list[Listed]:
     base = location.arrow_path()
     found: dict[str, Listed] = {}
     selector = fs.FileSelector(base, recursive=True, allow_not_found=True)
-    for info in location.arrow_filesystem().get_file_info(selector):
+    for info in shared_arrow_filesystem(location).get_file_info(selector):
         if info.type != fs.FileType.File or not info.path.startswith(f"{base}/"):
             continue  # a folder (or its marker object)
         name = info.path[len(base) + 1:]

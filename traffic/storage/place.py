@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
-from traffic.core.location import ObjectLocation, is_object_url
+from traffic.core.location import ObjectLocation, is_object_url, object_store, shared_arrow_filesystem
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class Place:
         """An Arrow filesystem for ``fs_path`` (None on local disk: Arrow takes the plain path)."""
         if self._location is None:
             return None
-        return _arrow_filesystem(self._location)
+        return shared_arrow_filesystem(self._location)
 
     @property
     def fs_path(self) -> str:
@@ -286,24 +286,3 @@ class Place:
         infos = self.fs.get_file_info(FileSelector(self.fs_path, recursive=False, allow_not_found=True))
         base = self._location.arrow_path()
         return [Place(location=self._location, key=i.path[len(base):].lstrip("/")) for i in sorted(infos, key=lambda i: i.path)]
-
-
-_FILESYSTEMS: dict = {}
-_STORES: dict = {}
-
-
-def object_store(location: ObjectLocation):
-    """One obstore store per root location and credentials in a process (the lease's conditional puts,
-    deletes and listings without folder markers)."""
-    key = (location, location._secrets)
-    if key not in _STORES:
-        _STORES[key] = location.store()
-    return _STORES[key]
-
-
-def _arrow_filesystem(location: ObjectLocation):
-    """One Arrow S3 filesystem per store and credentials in a process (each holds a connection pool)."""
-    key = (location, location._secrets)
-    if key not in _FILESYSTEMS:
-        _FILESYSTEMS[key] = location.arrow_filesystem()
-    return _FILESYSTEMS[key]
