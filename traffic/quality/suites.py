@@ -43,10 +43,6 @@ from traffic.quality.suite_documents import Outcome, as_period, period_label, su
 from traffic.storage.warehouse import Warehouse
 
 UTC = timezone.utc
-#: Failing rows collected per expectation in the second pass; beyond it, failures are not attributed
-#: to single periods and every period of the batch fails (fail closed).
-SAMPLE_ROWS = 1000
-
 
 @dataclass
 class Validation:
@@ -162,7 +158,11 @@ class Validation:
         return outcomes, result, identifier
 
     def _validate_ledger(self, suite: str, meta: dict, frame, periods: list[tuple[str, datetime]], asset):
-        """A ledger suite over its small pandas frame; failing rows are collected only if something failed."""
+        """A ledger suite over its small pandas frame; failing rows are collected only if something failed.
+
+        The frame has a row per period, so all its failing rows are collected: a close of thousands of hours
+        where most fail a check (a source far ahead over a long catch-up) still judges each hour on its own.
+        """
         context = gx_context(reports_dir(self.warehouse))
         definition = validation_definition(context, suite, asset or f"{suite}.{self.step}", "pandas")
         index_columns = ["grain", "period_start"] if meta.get("period_column") == "period_start" else \
@@ -173,11 +173,10 @@ class Validation:
                                 result_format="BOOLEAN_ONLY", run_id=run)
         if not result.success:
             # Same run id and batch: this detailed result replaces the first one in the store (and in Data Docs).
+            detail = {"result_format": "SUMMARY", "partial_unexpected_count": max(20, len(frame)),
+                      "unexpected_index_column_names": index_columns, "return_unexpected_index_query": False}
             result = definition.run(batch_parameters={"dataframe": frame}, expectation_parameters=parameters,
-                                    result_format={"result_format": "SUMMARY", "partial_unexpected_count": SAMPLE_ROWS,
-                                                   "unexpected_index_column_names": index_columns,
-                                                   "return_unexpected_index_query": False},
-                                    run_id=run)
+                                    result_format=detail, run_id=run)
         identifier = self._identifier(suite, run, result)
         return self._outcomes(suite, meta["table"], meta, periods, result), result, identifier
 
