@@ -77,7 +77,19 @@ class Rule:
         return self.kind == "expect_compound_columns_to_be_unique"
 
     def broken(self):
-        """A Spark condition, never null, true for a row GX counts as unexpected (row rules only)."""
+        """A Spark condition, never null, true for a row GX counts as unexpected (row rules only).
+
+        Built once per process and kind of session (classic or Connect): every close asks for each rule's
+        condition, and building it through py4j cost about a second of each small close.
+        """
+        mode = _session_kind()
+        built = self.__dict__.get("_broken")
+        if built is None or built[0] != mode:
+            built = (mode, self._condition())
+            object.__setattr__(self, "_broken", built)  # a cache beside the frozen fields, not one of them
+        return built[1]
+
+    def _condition(self):
         from pyspark.sql import functions as F
 
         value = F.col(self.column)
@@ -95,6 +107,18 @@ class Rule:
         else:  # expect_column_values_to_match_regex (GX's Spark engine: rlike, a search)
             out = ~value.rlike(self.kwargs["regex"])
         return value.isNotNull() & out
+
+
+def _session_kind():
+    """What a Spark condition built now belongs to: Connect's client-side expressions, or the JVM behind the
+    classic session's gateway."""
+    from pyspark.sql.utils import is_remote
+
+    if is_remote():
+        return "connect"
+    from pyspark import SparkContext
+
+    return "classic", id(SparkContext._gateway)
 
 
 def compile_rules(doc: dict) -> list[Rule]:

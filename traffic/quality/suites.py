@@ -158,25 +158,21 @@ class Validation:
         return outcomes, result, identifier
 
     def _validate_ledger(self, suite: str, meta: dict, frame, periods: list[tuple[str, datetime]], asset):
-        """A ledger suite over its small pandas frame; failing rows are collected only if something failed.
+        """A ledger suite over its small pandas frame, in one run that also collects the failing rows.
 
         The frame has a row per period, so all its failing rows are collected: a close of thousands of hours
         where most fail a check (a source far ahead over a long catch-up) still judges each hour on its own.
+        (A first run without them, repeated only on failure, cost a second GX run at every close with a warning.)
         """
         context = gx_context(reports_dir(self.warehouse))
         definition = validation_definition(context, suite, asset or f"{suite}.{self.step}", "pandas")
         index_columns = ["grain", "period_start"] if meta.get("period_column") == "period_start" else \
             [meta["period_column"]]
+        detail = {"result_format": "SUMMARY", "partial_unexpected_count": max(20, len(frame)),
+                  "unexpected_index_column_names": index_columns, "return_unexpected_index_query": False}
         run = self._run()
-        parameters = {"completeness_min_panes": self.settings.completeness_min_panes}
-        result = definition.run(batch_parameters={"dataframe": frame}, expectation_parameters=parameters,
-                                result_format="BOOLEAN_ONLY", run_id=run)
-        if not result.success:
-            # Same run id and batch: this detailed result replaces the first one in the store (and in Data Docs).
-            detail = {"result_format": "SUMMARY", "partial_unexpected_count": max(20, len(frame)),
-                      "unexpected_index_column_names": index_columns, "return_unexpected_index_query": False}
-            result = definition.run(batch_parameters={"dataframe": frame}, expectation_parameters=parameters,
-                                    result_format=detail, run_id=run)
+        result = definition.run(batch_parameters={"dataframe": frame}, run_id=run, result_format=detail,
+                                expectation_parameters={"completeness_min_panes": self.settings.completeness_min_panes})
         identifier = self._identifier(suite, run, result)
         return self._outcomes(suite, meta["table"], meta, periods, result), result, identifier
 
