@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, assume, given, seed, settings
+from hypothesis import HealthCheck, Phase, assume, example, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.support.harness import Harness, feed_line, model_tables, tick_line
@@ -96,10 +96,22 @@ def run_seed():
     return SEED
 
 
+#: Streams the random ones found wrong once, run first every time (``Phase.explicit``).
+#: CI, seed 3001480043: a source whose only pane in October was a tick before the warehouse's first hour
+#: counted as reporting in October's ledger row, not in its day's.
+TICK_BEFORE_THE_FIRST_HOUR = ([
+    ([("a", feed_line(BASE + timedelta(hours=3, minutes=11), size=287) + "\n"),
+      ("b", tick_line(BASE + timedelta(hours=1, minutes=59)) + "\n"
+            + feed_line(BASE + timedelta(hours=5, minutes=59), "10.0.0.2", "198.51.100.9", size=935) + "\n")], False),
+    ([("a", feed_line(BASE + timedelta(hours=5, minutes=49), remote="198.51.100.9", size=269) + "\n")], True),
+], 0, 24, 12)
+
+
 @pytest.mark.slow
 @RANDOM_STREAMS
 @seed(SEED)
 @given(stream())
+@example(TICK_BEFORE_THE_FIRST_HOUR)
 def test_pipeline_equals_reference_model(spark, run_seed, data):
     run_stream(spark, data)
 

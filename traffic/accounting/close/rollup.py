@@ -78,7 +78,7 @@ def roll_up_days(settings: Settings, warehouse: Warehouse, days: list[date], fro
     rollable = _ready(starts, lambda day: hours_of_day(day, state.first_hour or day), hours)
     day_rows = []
     if rollable:
-        day_rows = _roll_up_into(warehouse, check, "day", rollable, hours, restated)
+        day_rows = _roll_up_into(warehouse, check, "day", rollable, hours, restated, state.first_hour)
         failures += _judge(check, day_rows)
     check.record()
     st.write_ledger_rows(warehouse, _store(changed + day_rows), op="roll_up")
@@ -141,10 +141,12 @@ _PARTS_PER_FOLD = 4
 
 
 def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[datetime],
-                  parts_by_start: dict[datetime, dict], restated: str | None) -> list[dict]:
+                  parts_by_start: dict[datetime, dict], restated: str | None, first_hour: datetime | None
+                  ) -> list[dict]:
     """What a day's and a month's roll-up share: sum the parts into the coarser table (``_rolled_in_arrow``,
     replacing its periods), check the rows as stored, and build their ledger rows (their verdicts are set
-    by the caller, ``_judge``). ``parts_by_start``: the parts' ledger rows by start.
+    by the caller, ``_judge``). ``parts_by_start``: the parts' ledger rows by start; ``first_hour``: where the
+    warehouse's hours begin (sources count as reporting in a period from there).
     """
     table = _ROLLED_UP[grain]
     keys = rollable
@@ -159,17 +161,23 @@ def _roll_up_into(warehouse: Warehouse, check, grain: str, rollable: list[dateti
     for start in rollable:
         parts = [r for s, r in parts_by_start.items() if start <= s < period_end(start, grain)]
         rows.append(_rolled_up_row(warehouse, grain, start, period_end(start, grain), parts, stored.get(start, (0, 0)),
-                                   from_parts.get(start), history, restated))
+                                   from_parts.get(start), history, restated, first_hour))
     check.validate("periods", _ledger_frame(rows), periods, asset=f"periods.{grain}s")
     return rows
 
 
 def _rolled_up_row(warehouse: Warehouse, grain: str, start: datetime, end: datetime, parts: list[dict],
-                   stored: tuple[int, int], source: list[int] | None, history, restated: str | None) -> dict:
-    """The ledger row of a rolled-up day or month, with the figures its checks compare."""
+                   stored: tuple[int, int], source: list[int] | None, history, restated: str | None,
+                   first_hour: datetime | None) -> dict:
+    """The ledger row of a rolled-up day or month, with the figures its checks compare.
+
+    Its sources reporting are those with panes from the warehouse's first hour on (DESIGN §6), as for its
+    hours: a month's first day starts at midnight, and a source's tick before the first hour that day
+    counted it as reporting in the month but not in the day (found by the model's property test).
+    """
     table_bytes, table_packets = stored
     children = _children_summary(parts)
-    reporting = _sources_between(warehouse, max(start, min(r["period_start"] for r in parts)), end)
+    reporting = _sources_between(warehouse, max(start, first_hour or start), end)
     return {
         **_ledger_row(grain, start, stored, (children["late_bytes"], children["late_packets"]),
                       (reporting, children["sources_expected"], children["panes_active"]),
@@ -214,7 +222,7 @@ def roll_up_months(warehouse: Warehouse, months: list[datetime], rolled_now=froz
     rollable = _ready(months, lambda month: days_of_month(month, state.first_hour or month), days)
     month_rows = []
     if rollable:
-        month_rows = _roll_up_into(warehouse, check, "month", rollable, days, restated)
+        month_rows = _roll_up_into(warehouse, check, "month", rollable, days, restated, state.first_hour)
         failures += _judge(check, month_rows)
     check.record()
     st.write_ledger_rows(warehouse, _store(changed + month_rows), op="roll_up")
