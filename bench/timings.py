@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +43,19 @@ CASES = ("dag-parse", "empty-hours", "month-reads", "small-closes")
 MAX_COLD_SECONDS, MAX_WARM_SECONDS = 2.0, 0.5
 MAX_EMPTY_HOURS_CLOSE_SECONDS = 60.0
 MAX_SMALL_CLOSE_SECONDS = 5.0
+
+
+@contextmanager
+def warm_session():
+    """One local SparkSession for a case, stopped after it."""
+    from traffic.core.settings import load_settings
+    from traffic.runtime.spark import build_spark
+
+    spark = build_spark(load_settings(environ={}, overrides={"shuffle_partitions": 2}), "traffic-bench-timings")
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def report(name: str, value: str, target: str, passed: bool) -> bool:
@@ -68,18 +82,12 @@ def dag_parse() -> bool:
 
 def empty_hours() -> bool:
     from tests.reliability.test_empty_hours import _warehouse_with_a_stray_old_record
-    from traffic.core.settings import load_settings
-    from traffic.runtime.spark import build_spark
 
-    spark = build_spark(load_settings(environ={}, overrides={"shuffle_partitions": 2}), "traffic-bench-timings")
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-empty-hours-") as root:
-            harness = _warehouse_with_a_stray_old_record(Path(root), spark, dq_retention="400d")
-            clock = time.perf_counter()
-            result = harness.close()
-            seconds = time.perf_counter() - clock
-    finally:
-        spark.stop()
+    with warm_session() as spark, tempfile.TemporaryDirectory(prefix="bench-empty-hours-") as root:
+        harness = _warehouse_with_a_stray_old_record(Path(root), spark, dq_retention="400d")
+        clock = time.perf_counter()
+        result = harness.close()
+        seconds = time.perf_counter() - clock
     return report(f"empty-hours: close of {len(result.hours_frozen):,} hours", f"{seconds:.1f} s",
                   f"< {MAX_EMPTY_HOURS_CLOSE_SECONDS:g} s", seconds < MAX_EMPTY_HOURS_CLOSE_SECONDS)
 
@@ -117,23 +125,17 @@ def small_closes() -> bool:
     from datetime import datetime, timedelta, timezone
 
     from tests.support.harness import Harness, feed_line
-    from traffic.core.settings import load_settings
-    from traffic.runtime.spark import build_spark
 
-    spark = build_spark(load_settings(environ={}, overrides={"shuffle_partitions": 2}), "traffic-bench-timings")
     start, seconds = datetime(2026, 11, 1, tzinfo=timezone.utc), []
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-small-closes-") as root:
-            harness = Harness(Path(root), spark, engine="rs", keep_hours=24, now="2026-11-03T00:00:00+00:00")
-            for batch in range(10):  # the first two create the tables and warm the session
-                first = start + timedelta(hours=3 * batch)
-                harness.deliver("a", "".join(feed_line(first + timedelta(minutes=m)) + "\n" for m in range(0, 180, 7)))
-                harness.ingest()
-                clock = time.perf_counter()
-                harness.close()
-                seconds.append(time.perf_counter() - clock)
-    finally:
-        spark.stop()
+    with warm_session() as spark, tempfile.TemporaryDirectory(prefix="bench-small-closes-") as root:
+        harness = Harness(Path(root), spark, engine="rs", keep_hours=24, now="2026-11-03T00:00:00+00:00")
+        for batch in range(10):  # the first two create the tables and warm the session
+            first = start + timedelta(hours=3 * batch)
+            harness.deliver("a", "".join(feed_line(first + timedelta(minutes=m)) + "\n" for m in range(0, 180, 7)))
+            harness.ingest()
+            clock = time.perf_counter()
+            harness.close()
+            seconds.append(time.perf_counter() - clock)
     median = statistics.median(seconds[2:])
     print("closes (s): " + ", ".join(f"{s:.2f}" for s in seconds))
     return report("small-closes: close of 3 small hours (median of 8)", f"{median:.2f} s",

@@ -203,22 +203,23 @@ class ObjectLocation:
         return conf
 
 
-_STORES: dict = {}
-_FILESYSTEMS: dict = {}
+#: Clients kept for the process, per kind, location and credentials.
+_SHARED: dict = {}
+
+
+def _shared(kind: str, location: ObjectLocation, build):
+    key = (kind, location, location._secrets)
+    if key not in _SHARED:
+        _SHARED[key] = build()
+    return _SHARED[key]
 
 
 def object_store(location: ObjectLocation):
     """One obstore store per location and credentials in a process (the lease's conditional puts, deletes,
     listings without folder markers, an inbox's reads: a task reads many pieces)."""
-    key = (location, location._secrets)
-    if key not in _STORES:
-        _STORES[key] = location.store()
-    return _STORES[key]
+    return _shared("obstore", location, location.store)
 
 
 def shared_arrow_filesystem(location: ObjectLocation):
     """One Arrow S3 filesystem per store and credentials in a process (each holds a connection pool)."""
-    key = (location, location._secrets)
-    if key not in _FILESYSTEMS:
-        _FILESYSTEMS[key] = location.arrow_filesystem()
-    return _FILESYSTEMS[key]
+    return _shared("arrow", location, location.arrow_filesystem)
