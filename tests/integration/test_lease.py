@@ -73,6 +73,46 @@ def test_the_keeper_renews_a_live_holder_past_its_time_to_live(store):
     lease.release()
 
 
+def test_a_check_during_the_holders_own_renewal_is_not_a_takeover(store):
+    """Found by the crash suite on S3: the keeper's renewal has put the new version but not yet noted its ETag when
+    a commit's ``check`` reads the object. That is the holder's own lease (same token), not a takeover: ``check``
+    must wait for the renewal, never refuse the commit."""
+    import threading
+
+    lease = Lease(store, "close", ttl=30).acquire()
+    written, go_on = threading.Event(), threading.Event()
+    write = lease._write
+
+    def slow_write(*args):
+        etag = write(*args)  # the store has the new version ...
+        written.set()
+        go_on.wait(5)  # ... and the holder has not noted its ETag yet
+        return etag
+
+    lease._write = slow_write
+    renewal = threading.Thread(target=lease.renew)
+    renewal.start()
+    assert written.wait(10)
+    checked = threading.Thread(target=lease.check)
+    outcome = []
+    checked.run = lambda: outcome.append(_check(lease))
+    checked.start()
+    time.sleep(0.3)  # the check is under way while the renewal is half done
+    go_on.set()
+    renewal.join(10)
+    checked.join(10)
+    assert outcome == [None], outcome
+    assert _stored(store)["token"] == 1 and lease.token == 1
+
+
+def _check(lease):
+    try:
+        lease.check()
+    except LeaseLost as lost:
+        return str(lost)
+    return None
+
+
 def test_lease_lock_waits_then_fails_naming_the_holder(store):
     with lease_lock(store, "traffic ingest", timeout_seconds=5, ttl=10):
         started = time.monotonic()

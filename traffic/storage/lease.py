@@ -12,7 +12,9 @@ need the store itself to decide. The lease is one object, ``_traffic/lease.json`
   counts up.
 * **Check** before every commit: a holder whose lease expired, or was taken over (a long pause, a
   partition), raises ``LeaseLost`` instead of committing. ``LeaseKeeper`` renews in the background
-  every third of the time to live, so a live holder never expires.
+  every third of the time to live, so a live holder never expires. A holder's renewal and its checks
+  take turns: a check that read the renewal's new version before the holder noted its ETag would take
+  the holder's own renewal for a takeover.
 
 Clocks: ``expires`` is the writer's wall clock; hosts are assumed to agree within ``MAX_SKEW``,
 and a holder stops committing that long before its own expiry.
@@ -26,7 +28,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: The lease object, under the warehouse's prefix: in its run-state folder (``journal.STATE_FOLDER``).
 LEASE_KEY = "_traffic/lease.json"
@@ -62,6 +64,8 @@ class Lease:
     token: int = 0
     _etag: str | None = None
     _expires: float = 0.0
+    #: Held while this holder writes the object or compares it with what it wrote (renew, check, release).
+    _turn: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     # -- the object -----------------------------------------------------------------------
     def _read(self) -> tuple[dict | None, str | None]:
@@ -104,6 +108,10 @@ class Lease:
 
     def renew(self) -> None:
         """Push the expiry ``ttl`` ahead; ``LeaseLost`` if the lease is no longer this holder's."""
+        with self._turn:
+            self._renew()
+
+    def _renew(self) -> None:
         from obstore.exceptions import NotFoundError, PreconditionError
 
         if self._etag is None:
@@ -120,6 +128,10 @@ class Lease:
 
     def check(self) -> None:
         """Before a commit: raise ``LeaseLost`` unless the lease is still this holder's, with time to spare."""
+        with self._turn:
+            self._check()
+
+    def _check(self) -> None:
         if self._etag is None:
             raise LeaseLost("this writer holds no lease")
         if time.time() > self._expires - MAX_SKEW:
@@ -131,6 +143,10 @@ class Lease:
 
     def release(self) -> None:
         """Give the lease up (it stays, expired, so that tokens keep counting up); quiet if already lost."""
+        with self._turn:
+            self._release()
+
+    def _release(self) -> None:
         from obstore.exceptions import NotFoundError, PreconditionError
 
         if self._etag is None:
