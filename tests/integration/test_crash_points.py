@@ -15,15 +15,23 @@ conservation must hold. The killed processes are clients of a warm Spark Connect
 forked from a warm interpreter (``tests/support/forkserver.py``), so a kill costs neither a JVM's
 start-up nor a fresh interpreter's imports; one point is also killed in a process started from
 scratch with its own classic JVM.
+
+With the warehouse on object storage (issue 38: its tables, journal, scratch and lease objects on a real
+SeaweedFS), an eighth of the distinct write steps are killed each run (a kill there costs ~45 s, twice one
+on disk), every ``S3_SHARE``-th from an offset the run draws and prints (``TRAFFIC_CRASH_S3_OFFSET``
+repeats a run; ``TRAFFIC_CRASH_S3=all`` kills every step), so eight runs cover them all; three ingest kill
+points run with the inbox on the store.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -200,24 +208,32 @@ def forks(tmp_path_factory):
 
 
 def _kill_and_rerun(spark, root: Path, scenario, point: str, index: int, master: str | None,
-                    forks: ForkServer | None = None) -> Harness:
-    """From the state before command ``index``, SIGKILL that command at ``point`` in its own process, rerun it."""
+                    forks: ForkServer | None = None, store: dict | None = None) -> Harness:
+    """From the state before command ``index``, SIGKILL that command at ``point`` in its own process, rerun it.
+    With ``store`` (``{"url": s3://…, "env": AWS variables}``) the warehouse of that state is put on the store
+    first, and both commands use it there."""
     states, _, points = scenario
     shutil.copytree(states[index], root, copy_function=shutil.copy2)
-    harness = Harness(root, spark, keep_hours=1, local_networks=LOCAL, accounts_file=_accounts(root))
+    warehouse = str(root / "warehouse")
+    if store is not None:
+        warehouse = store["url"]
+        _upload(root / "warehouse", warehouse)
+        shutil.rmtree(root / "warehouse", ignore_errors=True)  # nothing may read the local copy by mistake
+    harness = Harness(root, spark, keep_hours=1, local_networks=LOCAL, accounts_file=_accounts(root),
+                      warehouse=warehouse)
     # Occurrences count from the killed process's own start: the n-th inside that command.
     name = point.split("#")[0]
     nth = [p for p, i in points if p.split("#")[0] == name and i == index].index(point) + 1
     if SCENARIO[index] == "ingest":
         _deliver(harness, SCENARIO[: index + 1].count("ingest") - 1)
-    command = [SCENARIO[index], "--warehouse", str(root / "warehouse"),
+    command = [SCENARIO[index], "--warehouse", warehouse,
                "--inbox", str(root / "inbox"), "--set", "keep_hours=1", "--set", "shuffle_partitions=2",
                "--set", f"local_networks={LOCAL}", "--set", f"accounts_file={root / 'accounts.toml'}",
                "--set", f"now={harness.settings.now.isoformat()}", "--set", f"fault_at={name}#{nth}"]
     if master:
         command += ["--spark-master", master]
     if forks is not None:
-        code, output = forks.run(command, env={"TZ": "UTC"})
+        code, output = forks.run(command, env={"TZ": "UTC", **(store or {}).get("env", {})})
     else:
         completed = subprocess.run([sys.executable, "-m", "traffic.app.cli", *command], env={**os.environ, "TZ": "UTC"},
                                    capture_output=True, text=True, timeout=300)
@@ -225,6 +241,27 @@ def _kill_and_rerun(spark, root: Path, scenario, point: str, index: int, master:
     assert code == -signal.SIGKILL, f"{point}: exit {code}: {output[-2000:]}"
     _run_one(harness, index)  # the rerun: the same command, as an operator or Airflow's retry would
     return harness
+
+
+def _upload(folder: Path, url: str) -> None:
+    """Every file under ``folder`` as an object under ``url``, at the same relative key."""
+    from tests.support.harness import put_object
+
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            put_object(f"{url}/{path.relative_to(folder).as_posix()}", path.read_bytes())
+
+
+@contextmanager
+def _aws(env: dict):
+    """This process reaches the store with ``env``'s AWS variables (the harness's reads and reruns)."""
+    patch = pytest.MonkeyPatch()
+    for name, value in env.items():
+        patch.setenv(name, value)
+    try:
+        yield
+    finally:
+        patch.undo()
 
 
 def _assert_converged(harness: Harness, expected: dict, point: str) -> None:
@@ -303,10 +340,7 @@ def test_sigkill_with_the_inbox_on_object_storage_then_rerun_equals_uninterrupte
     first = [p for p, i in points if i == 0]  # the first ingest's, counted from its start
     chosen = [first[0], first[len(first) // 2], first[-1]]
     env = seaweed.environ({})
-    mp = pytest.MonkeyPatch()
-    for name, value in env.items():
-        mp.setenv(name, value)
-    try:
+    with _aws(env):
         for number, point in enumerate(chosen):
             inbox = seaweed.url(f"crash-inbox-{number}-{os.getpid()}")
             staging = Harness(tmp_path / f"files{number}", spark)
@@ -326,5 +360,39 @@ def test_sigkill_with_the_inbox_on_object_storage_then_rerun_equals_uninterrupte
             assert code == -signal.SIGKILL, f"{point}: exit {code}: {output[-2000:]}"
             harness.ingest()
             _assert_converged(harness, tables[1], f"{point} (inbox on S3)")
-    finally:
-        mp.undo()
+
+
+#: With the warehouse on the store, every S3_SHARE-th distinct write step is killed each run (see the docstring).
+S3_SHARE = 8
+
+
+def s3_sample(killed: list, environ=os.environ) -> tuple[list, str]:
+    """The write steps killed on the store this run, and how they were chosen (printed with the result)."""
+    if environ.get("TRAFFIC_CRASH_S3") == "all":
+        return killed, "all of them (TRAFFIC_CRASH_S3=all)"
+    offset = int(environ.get("TRAFFIC_CRASH_S3_OFFSET", random.randrange(S3_SHARE))) % S3_SHARE
+    return killed[offset::S3_SHARE], f"every {S3_SHARE}th from offset {offset} (TRAFFIC_CRASH_S3_OFFSET={offset})"
+
+
+def test_the_sample_on_the_store_covers_every_step_in_eight_runs():
+    killed = [(f"s{n}.ingest.committed#1", 0) for n in range(49)]
+    runs = [s3_sample(killed, {"TRAFFIC_CRASH_S3_OFFSET": str(offset)})[0] for offset in range(S3_SHARE)]
+    assert sorted(p for run in runs for p in run) == sorted(killed) and all(6 <= len(run) <= 7 for run in runs)
+    assert s3_sample(killed, {"TRAFFIC_CRASH_S3": "all"})[0] == killed
+
+
+@pytest.mark.slow
+def test_sigkill_with_the_warehouse_on_object_storage_then_rerun_equals_uninterrupted(spark, scenario, connect_server,
+                                                                                     forks, seaweed, tmp_path):
+    """The warehouse of each state put on a real S3 store; killed there at a share of the write steps (the
+    sample says which; see the docstring of this module), rerun there: the uninterrupted run's tables."""
+    _, tables, points = scenario
+    chosen, how = s3_sample(_distinct_points(points))
+    print(f"\nwarehouse on S3: {len(chosen)} write steps killed, {how}")
+    env = seaweed.environ({})
+    with _aws(env):
+        for number, (point, index) in enumerate(chosen):
+            store = {"url": seaweed.url(f"crash-{os.getpid()}-{number}"), "env": env}
+            harness = _kill_and_rerun(spark, tmp_path / f"s3-{number}", scenario, point, index, connect_server.url,
+                                      forks, store=store)
+            _assert_converged(harness, tables[index + 1], f"{point} (warehouse on S3, {how})")
