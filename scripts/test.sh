@@ -31,6 +31,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 export GX_ANALYTICS_ENABLED=false
 export TZ=UTC
-# Two workers (one Spark session each). A file's tests stay on one worker so its fixtures are built
-# once; files go out heaviest first, in the order tests/conftest.py sorts them.
-exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
+# TRAFFIC_TEST_WORKERS workers (one Spark session each; default 2: on 2 cores a third did not help, the
+# cores being busy all along). A file's tests stay on one worker so its fixtures are built once; files go out
+# heaviest first, in the order tests/conftest.py sorts them.
+exec .venv/bin/python -m pytest -n "${TRAFFIC_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=40 "$@"
