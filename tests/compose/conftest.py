@@ -9,7 +9,9 @@
 * ``Stack`` — one compose project of the repository's docker-compose.yml with a generated `.env`
   (fresh secrets, the UI on a free 127.0.0.1 port, the base images scripts/local-images.sh builds from
   Debian's packages): build, up, wait for every health check, run commands in services, deliver
-  files into the shared volume's inbox, and ``down -v``, after which nothing of it may be left.
+  files into the inbox on the stack's object store (one object each, as ``traffic collect --upload``
+  sends them), fetch the warehouse's objects out of it, and ``down -v``, after which nothing of it may
+  be left.
   The UI's port is free when chosen, but another test worker may take it before Docker binds it:
   ``Stack.up`` then moves the UI to another free port and runs `up` again, and fails saying so
   after ``UI_PORT_ATTEMPTS`` ports.
@@ -136,6 +138,8 @@ def write_dotenv(path: Path, ui_port: int, **more: str) -> dict[str, str]:
         "AIRFLOW_FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
         "AIRFLOW_JWT_SECRET": secrets.token_urlsafe(32), "AIRFLOW_UI_PORT": str(ui_port),
         "SPARK_CONNECT_TOKEN": secrets.token_hex(32),
+        "S3_ACCESS_KEY": f"traffic-{secrets.token_hex(4)}", "S3_SECRET_KEY": secrets.token_urlsafe(32),
+        "S3_BUCKET": "lake",
         "TRAFFIC_LOCAL_NETWORKS": LOCAL_NETWORKS, "TRAFFIC_KEEP_HOURS": "24", "TRAFFIC_EXPECTED_SOURCES": "",
         "TRAFFIC_EXPORTERS": "", "COLLECTOR_BIND": "127.0.0.1",
         **LOCAL_BASES, **more,
@@ -245,21 +249,24 @@ class Stack:
             time.sleep(3)
 
     def deliver(self, files: dict[str, bytes]) -> None:
-        """Drop files into the volume's inbox as a sender does: written beside it, then renamed in."""
+        """Put files into the store's inbox as a sender does (``traffic collect --upload``): one PutObject each,
+        which the store shows whole or not at all. Sent from inside the stack (the store is not published)."""
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:
             for name, data in files.items():
                 info = tarfile.TarInfo(name)
                 info.size, info.mtime = len(data), time.time()
                 tar.addfile(info, io.BytesIO(data))
-        script = ("set -e; staging=$(mktemp -d /data/.incoming.XXXXXX); tar -C \"$staging\" -x; cd \"$staging\"; "
-                  "find . -type f | while read -r f; do mkdir -p \"/data/inbox/$(dirname \"$f\")\"; "
-                  "mv \"$f\" \"/data/inbox/$f\"; done; rm -rf \"$staging\"")
-        self.exec("airflow-scheduler", "sh", "-c", script, input=archive.getvalue())
+        self.exec("airflow-scheduler", "python", "-c", _PUT_TAR, "TRAFFIC_INBOX", input=archive.getvalue())
 
-    def copy_out(self, service: str, path: str, destination: Path) -> Path:
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        self.docker("cp", f"{self.container(service)}:{path}", str(destination), timeout=600)
+    def fetch_warehouse(self, destination: Path) -> Path:
+        """Every object of the stack's warehouse (``TRAFFIC_WAREHOUSE`` on the store) as files under
+        ``destination``, at the same relative paths: Delta tables a local reader opens."""
+        destination.mkdir(parents=True, exist_ok=True)
+        done = self.docker("exec", self.container("airflow-scheduler"), "python", "-c", _GET_TAR,
+                           "TRAFFIC_WAREHOUSE", timeout=600)
+        with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r") as tar:
+            tar.extractall(destination, filter="data")
         return destination
 
     def down(self) -> list[str]:
@@ -270,6 +277,36 @@ class Stack:
         left += self.docker("volume", "ls", "-q", "--filter", label).stdout.decode().split()
         left += self.docker("network", "ls", "-q", "--filter", label).stdout.decode().split()
         return left
+
+
+#: Run in a container of the stack (``python -c``): the tar on stdin put as objects under the location the
+#: environment variable named by argv[1] holds, one PutObject per file.
+_PUT_TAR = """
+import io, os, sys, tarfile, obstore
+from traffic.core.location import ObjectLocation
+store = ObjectLocation.parse(os.environ[sys.argv[1]]).store()
+with tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read())) as tar:
+    for member in tar.getmembers():
+        if member.isfile():
+            obstore.put(store, member.name, tar.extractfile(member).read())
+"""
+#: The other way: every object under that location, as a tar on stdout. A listed name that cannot be read is a
+#: folder marker (Hadoop's S3A writes ``…/_staged_commits/``), not a file.
+_GET_TAR = """
+import io, os, sys, tarfile, obstore
+from traffic.core.location import ObjectLocation
+store = ObjectLocation.parse(os.environ[sys.argv[1]]).store()
+with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
+    for batch in obstore.list(store):
+        for meta in batch:
+            try:
+                data = bytes(obstore.get(store, meta["path"]).bytes())
+            except FileNotFoundError:
+                continue
+            info = tarfile.TarInfo(meta["path"])
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+"""
 
 
 def build_images(env: dict, seconds: dict) -> None:

@@ -1,15 +1,16 @@
 """The team stack for real: docker-compose.yml up on this machine, DAGs driving jobs on its Spark cluster.
 
 Images: the bases from Debian's packages (scripts/local-images.sh), then the stack's image (compose build).
-`up`, every health check waited for, the UI and the collector's ports on 127.0.0.1 only. Then, through
-Airflow's REST API and the shared volume's inbox:
+`up`, every health check waited for, the UI and the collector's ports on 127.0.0.1 only, and no volume
+shared between services: the warehouse and the inbox are on the stack's object store (SeaweedFS). Then,
+through Airflow's REST API and the store's inbox:
 
 * **spark-submit** (the spark-connect service stopped): the seed example (the demo's deliveries, with
   its late records, bad lines and a re-delivered file) and a router feed for six hours across a
   midnight; `traffic_ingest` twice; a backfill of `traffic_hourly` over the closed hours;
 * **the warm Spark** (spark-connect started): three more hours; `traffic_ingest`; a backfill of those.
 
-The accounting tables read from the volume must equal, row for row, the embedded pipeline's (the
+The accounting tables fetched from the store must equal, row for row, the embedded pipeline's (the
 in-process harness on ``local[2]``) fed the same deliveries in the same order. The Spark master's
 JSON API must list the spark-submit applications as finished with executors on the worker, and the
 warm server as running with its executors there; Airflow's runs must be rows in Postgres; each run's
@@ -245,7 +246,7 @@ def scenario(stack, spark, tmp_path_factory):
     """Both phases in the stack and the same deliveries through the embedded pipeline; what each saw."""
     base = tmp_path_factory.mktemp("deliveries")
     facts, deliveries = run_phases(stack, base)
-    facts["stack warehouse"] = stack.copy_out("airflow-scheduler", "/data/warehouse", base / "stack" / "warehouse")
+    facts["stack warehouse"] = stack.fetch_warehouse(base / "stack" / "warehouse")
 
     # The embedded pipeline on the same deliveries, in the same order, closing where the backfills did.
     clock = time.monotonic()
@@ -268,7 +269,7 @@ def test_the_stack_comes_up_healthy_with_only_loopback_ports(stack, record_prope
     states = stack.wait_healthy()
     assert {name.split("#")[0] for name in states} == {
         "postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
-        "spark-master", "spark-worker", "collector"}, states
+        "spark-master", "spark-worker", "collector", "seaweedfs"}, states
     published = {}
     for cid in stack.containers():
         info = json.loads(stack.docker("inspect", cid).stdout)[0]
@@ -279,6 +280,26 @@ def test_the_stack_comes_up_healthy_with_only_loopback_ports(stack, record_prope
     assert set(published.values()) == {"127.0.0.1"}, published
     assert {service for service, _ in published} == {"airflow-apiserver", "collector"}, published
     say(record_property, f"compose: {', '.join(f'{k} {v:.0f} s' for k, v in stack.seconds.items())}")
+
+
+def test_no_volume_is_shared_and_the_warehouse_and_inbox_are_on_the_store(stack):
+    """Nothing but the object store is shared: no volume or host folder is mounted by two of Airflow, the Spark
+    services, the collector and the store (Airflow's own services share their home: its logs and login file);
+    every service that runs the pipeline is told an ``s3://`` warehouse and inbox on the stack's store."""
+    mounted_by: dict[str, set] = {}
+    for cid in stack.containers():
+        info = json.loads(stack.docker("inspect", cid).stdout)[0]
+        service = info["Config"]["Labels"]["com.docker.compose.service"]
+        for mount in info["Mounts"]:
+            mounted_by.setdefault(mount.get("Name") or mount["Source"], set()).add(service)
+    def group(service: str) -> str:
+        return "airflow" if service.startswith("airflow-") else service
+    shared = {name: sorted(services) for name, services in mounted_by.items() if len(set(map(group, services))) > 1}
+    assert mounted_by and shared == {}, shared
+    for service in ("airflow-scheduler", "spark-worker", "spark-master", "collector"):
+        env = dict(line.split("=", 1) for line in stack.exec(service, "env").splitlines() if "=" in line)
+        assert env["TRAFFIC_WAREHOUSE"] == "s3://lake/warehouse" and env["TRAFFIC_INBOX"] == "s3://lake/inbox", service
+        assert env["AWS_ENDPOINT_URL"] == "http://seaweedfs:8333", service
 
 
 def test_the_cluster_run_equals_the_embedded_run(scenario, record_property):
@@ -439,11 +460,50 @@ def test_a_service_restarted_mid_batch_loses_nothing_and_counts_nothing_twice(st
         assert logs.count(line) >= 2, f"{service}: {logs.count(line)} × {line!r} in its logs:\n{logs[-2000:]}"
     reference.ingest()
     hours = {first + timedelta(hours=n) for n in range(len(RESTARTED))}
-    copied = stack.copy_out("airflow-scheduler", "/data/warehouse", tmp_path / "after-restarts" / "warehouse")
+    copied = stack.fetch_warehouse(tmp_path / "after-restarts" / "warehouse")
     got = tables(copied, ("hourly",), where={"hourly": lambda row: row["hour"] in hours})["hourly"]
     expected = tables(reference.root / "warehouse", ("hourly",))["hourly"]
     assert expected and got == expected, differences({"hourly": got}, {"hourly": expected}, sides=("stack", "undisturbed"))
     assert_delta_spark_committed_all(copied, ("packets", "hourly", "batches"))  # retried tasks too
+
+
+_LIST_INBOX = """
+import os, obstore
+from traffic.core.location import ObjectLocation
+store = ObjectLocation.parse(os.environ["TRAFFIC_INBOX"]).store()
+print("\\n".join(f"{m['path']} {m['size']}" for batch in obstore.list(store) for m in batch))
+"""
+
+
+def test_the_collector_sends_its_files_to_the_stores_inbox(stack, record_property):
+    """NetFlow v5 datagrams sent to the collector's published port (127.0.0.1:2055) reach the store's inbox as
+    one object when the collector's file rotates (every 60 s): the collector shares no folder with the pipeline."""
+    import socket
+
+    from tests.support import flow_encoder as fe
+
+    now_us = int(time.time()) * 1_000_000
+    flows = [fe.Flow("10.1.2.3", "192.0.2.7", 40000 + n, 443, 6, 1500 * (n + 1), n + 1, now_us - 60_000_000,
+                     now_us - 1_000_000) for n in range(3)]
+    datagrams = [fe.netflow5(flows, export_us=now_us, uptime_ms=3_600_000, sequence=n * 3) for n in range(4)]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        for datagram in datagrams:
+            sender.sendto(datagram, ("127.0.0.1", 2055))
+    deadline, status = time.monotonic() + 240, {}
+    while time.monotonic() < deadline:
+        status = json.loads(stack.exec("collector", "cat", "/data/collector-status.json"))
+        if status.get("upload", {}).get("sent", 0) >= 1 and status["upload"]["pending"] == 0:
+            break
+        time.sleep(5)
+    upload = status.get("upload", {})
+    assert upload.get("sent", 0) >= 1 and upload.get("pending") == 0 and not upload.get("last_error"), status
+    objects = dict(line.rsplit(" ", 1) for line in stack.exec("airflow-scheduler", "python", "-c", _LIST_INBOX).splitlines()
+                   if line.endswith(tuple("0123456789")) and ".flows.pcap" in line)
+    assert objects, "no collector file in the store's inbox"
+    assert sum(map(int, objects.values())) >= sum(map(len, datagrams)), objects  # every datagram, whole, in them
+    assert stack.exec("collector", "sh", "-c", "find /data/spool -type f -name '*.flows.pcap' ! -name '.*' | wc -l").strip() == "0"
+    say(record_property, f"compose collector: {len(datagrams)} datagrams in {upload['sent']} object(s) "
+                         f"({upload.get('sent_bytes')} bytes) on the store's inbox, the spool empty")
 
 
 def test_down_leaves_nothing(stack, record_property):

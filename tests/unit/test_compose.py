@@ -19,7 +19,7 @@ from traffic.core.settings import _PARSERS
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_RUNNING = {"postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
-                "spark-master", "spark-worker", "spark-connect", "collector"}
+                "spark-master", "spark-worker", "spark-connect", "collector", "seaweedfs"}
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +88,28 @@ def test_airflow_options_set_by_the_stack_and_make_airflow_are_options_airflow_k
     assert unknown == [], f"not Airflow options: {unknown}"
 
 
-def test_volumes_match_the_paths_the_code_is_told(compose):
-    for name in ("airflow-scheduler", "spark-worker"):
-        service = compose["services"][name]
-        env = service["environment"]
-        mounts = [v.split(":")[1] for v in service["volumes"]]
-        for key in ("TRAFFIC_WAREHOUSE", "TRAFFIC_INBOX"):
-            assert any(env[key].startswith(m) for m in mounts), f"{name}: {key}={env[key]} is not on a volume"
+def test_nothing_but_the_object_store_is_shared(compose):
+    """The warehouse and the inbox are on the stack's store for every service that runs the pipeline; no volume is
+    mounted by two of Airflow (its services share their home), the Spark services, the collector and the store."""
+    services = compose["services"]
+    for name, service in services.items():
+        env = service.get("environment") or {}
+        if "TRAFFIC_WAREHOUSE" in env:
+            assert env["TRAFFIC_WAREHOUSE"] == "s3://${S3_BUCKET:-lake}/warehouse", name
+            assert env["TRAFFIC_INBOX"] == "s3://${S3_BUCKET:-lake}/inbox", name
+            assert env["AWS_ENDPOINT_URL"] == "${S3_ENDPOINT:-http://seaweedfs:8333}", name
+    assert {name for name, s in services.items() if "TRAFFIC_WAREHOUSE" in (s.get("environment") or {})} >= {
+        "airflow-scheduler", "airflow-init", "spark-master", "spark-worker", "spark-connect", "collector"}
+    mounted_by: dict[str, set] = {}
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            owner = "airflow" if name.startswith("airflow-") else name
+            mounted_by.setdefault(volume.split(":")[0], set()).add(owner)
+    assert {source: owners for source, owners in mounted_by.items() if len(owners) > 1} == {}
+    # the collector writes into its own spool and sends each completed file to the store's inbox
+    command = services["collector"]["command"]
+    assert command[command.index("--inbox") + 1].startswith("/data/") and "/data" in services["collector"]["volumes"][0]
+    assert command[command.index("--upload") + 1] == services["collector"]["environment"]["TRAFFIC_INBOX"]
     declared = set(compose["volumes"])
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):
@@ -113,7 +128,7 @@ def test_secrets_come_from_the_env_file(compose):
                                                                             "SPARK_CONNECT_CORES", "SPARK_CONNECT_MEMORY"}:
         assert variable in example, f"{variable} is used by docker-compose.yml but missing from .env.example"
     for secret in ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET",
-                   "SPARK_CONNECT_TOKEN"):
+                   "SPARK_CONNECT_TOKEN", "S3_ACCESS_KEY", "S3_SECRET_KEY"):
         assert example[secret] == "change-me", f"{secret} must not hold a real value in .env.example"
         assert f"${{{secret}:?" in text, f"{secret} must be required, not defaulted"
     assert ".env" in (ROOT / ".gitignore").read_text().split()
@@ -142,12 +157,13 @@ def _sent_to_the_build(path: str, ignore: list[str]) -> bool:
     return sent
 
 
-def test_everything_the_dockerfile_copies_is_in_the_build_context():
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "docker/seaweedfs.Dockerfile"])
+def test_everything_the_dockerfile_copies_is_in_the_build_context(dockerfile):
     """A file .dockerignore leaves out fails the build at its COPY (the stack never starts); caught here."""
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
-    copied = [source for line in (ROOT / "Dockerfile").read_text().splitlines()
+    copied = [source for line in (ROOT / dockerfile).read_text().splitlines()
               if line.startswith("COPY ") and "--from" not in line for source in line.split()[1:-1]]
-    assert "scripts/delta-jars.lock" in copied and "traffic" in copied, copied
+    assert {"scripts/delta-jars.lock", "traffic"} <= set(copied) or "requirements.lock" in copied, copied
     for source in copied:
         assert (ROOT / source).exists(), f"the Dockerfile copies {source}, which the repository lacks"
         assert _sent_to_the_build(source, ignore), f"the Dockerfile copies {source}, which .dockerignore leaves out"
@@ -197,11 +213,15 @@ def _entrypoint_script(compose, name: str) -> Path:
         container_path = next(part for part in service["entrypoint"] if part.endswith(".sh"))
         mounts = dict(reversed(v.split(":")[:2]) for v in service.get("volumes", []))
         return ROOT / mounts[container_path]
-    dockerfile = (ROOT / "Dockerfile").read_text()
+    dockerfile = (ROOT / ((service.get("build") or {}).get("dockerfile") or "Dockerfile")).read_text()
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", dockerfile, re.M).group(1))
-    assert entrypoint[:2] == ["/usr/bin/tini", "--"] and entrypoint[2].endswith(".sh"), entrypoint
-    copied = re.search(rf"^COPY (.*) {re.escape(str(Path(entrypoint[2]).parent))}/$", dockerfile, re.M).group(1)
-    script = next(p for p in copied.split() if Path(p).name == Path(entrypoint[2]).name)
+    if entrypoint[:2] == ["/usr/bin/tini", "--"]:
+        entrypoint = entrypoint[2:]
+    else:  # no tini in the image: compose's own init runs first
+        assert service.get("init") is True, (name, entrypoint)
+    assert entrypoint[0].endswith(".sh"), entrypoint
+    copied = re.search(rf"^COPY (.*) {re.escape(str(Path(entrypoint[0]).parent))}/$", dockerfile, re.M).group(1)
+    script = next(p for p in copied.split() if Path(p).name == Path(entrypoint[0]).name)
     return ROOT / script
 
 
