@@ -257,17 +257,22 @@ class Stack:
                 info = tarfile.TarInfo(name)
                 info.size, info.mtime = len(data), time.time()
                 tar.addfile(info, io.BytesIO(data))
-        self.exec("airflow-scheduler", "python", "-c", _PUT_TAR, "TRAFFIC_INBOX", input=archive.getvalue())
+        self.exec("airflow-scheduler", "python", "-c", _STORE + _PUT_TAR, "TRAFFIC_INBOX", input=archive.getvalue())
 
     def fetch_warehouse(self, destination: Path) -> Path:
         """Every object of the stack's warehouse (``TRAFFIC_WAREHOUSE`` on the store) as files under
         ``destination``, at the same relative paths: Delta tables a local reader opens."""
         destination.mkdir(parents=True, exist_ok=True)
-        done = self.docker("exec", self.container("airflow-scheduler"), "python", "-c", _GET_TAR,
+        done = self.docker("exec", self.container("airflow-scheduler"), "python", "-c", _STORE + _GET_TAR,
                            "TRAFFIC_WAREHOUSE", timeout=600)
         with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r") as tar:
             tar.extractall(destination, filter="data")
         return destination
+
+    def list_objects(self, variable: str) -> dict[str, int]:
+        """Each object's name and size under the location the services' ``variable`` names on the store."""
+        listed = self.exec("airflow-scheduler", "python", "-c", _STORE + _LIST, variable)
+        return {name: int(size) for name, size in (line.rsplit(" ", 1) for line in listed.splitlines() if line)}
 
     def down(self) -> list[str]:
         """``down -v``; what is left of the project afterwards (containers, volumes, networks): nothing, we hope."""
@@ -279,12 +284,15 @@ class Stack:
         return left
 
 
-#: Run in a container of the stack (``python -c``): the tar on stdin put as objects under the location the
-#: environment variable named by argv[1] holds, one PutObject per file.
-_PUT_TAR = """
+#: Run in a container of the stack (``python -c``, after ``_STORE``): the store at the location the environment
+#: variable named by argv[1] holds.
+_STORE = """
 import io, os, sys, tarfile, obstore
 from traffic.core.location import ObjectLocation
 store = ObjectLocation.parse(os.environ[sys.argv[1]]).store()
+"""
+#: The tar on stdin put as objects there, one PutObject per file.
+_PUT_TAR = """
 with tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read())) as tar:
     for member in tar.getmembers():
         if member.isfile():
@@ -293,9 +301,6 @@ with tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read())) as tar:
 #: The other way: every object under that location, as a tar on stdout. A listed name that cannot be read is a
 #: folder marker (Hadoop's S3A writes ``…/_staged_commits/``), not a file.
 _GET_TAR = """
-import io, os, sys, tarfile, obstore
-from traffic.core.location import ObjectLocation
-store = ObjectLocation.parse(os.environ[sys.argv[1]]).store()
 with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
     for batch in obstore.list(store):
         for meta in batch:
@@ -306,6 +311,12 @@ with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
             info = tarfile.TarInfo(meta["path"])
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
+"""
+#: Each object's name and size, a line each.
+_LIST = """
+for batch in obstore.list(store):
+    for meta in batch:
+        print(meta["path"], meta["size"])
 """
 
 

@@ -27,8 +27,7 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture
 def store_url(seaweed, monkeypatch) -> str:
-    for name, value in seaweed.environ({}).items():
-        monkeypatch.setenv(name, value)
+    seaweed.export(monkeypatch)
     return seaweed.url(f"edge-{uuid.uuid4().hex[:8]}")
 
 
@@ -87,8 +86,7 @@ def _completed_file(spool: Path, source: str, name: str, payloads: list[bytes]) 
 def test_a_store_that_is_down_keeps_the_files_until_it_answers(tmp_path, seaweed, monkeypatch):
     """The store goes away after the start's check: the file stays in the spool, the status says why, and
     the pass after it answers again sends it (here the same store again, reached through the right port)."""
-    for name, value in seaweed.environ({}).items():
-        monkeypatch.setenv(name, value)
+    seaweed.export(monkeypatch)
     url = seaweed.url(f"edge-{uuid.uuid4().hex[:8]}")
     lines: list[str] = []
     uploader = Uploader(tmp_path / "spool", parse_upload(url), lines.append)
@@ -140,8 +138,7 @@ def test_bad_upload_locations_are_refused_in_one_line(tmp_path, seaweed, monkeyp
         build_options(listen=["127.0.0.1:9"], upload="s3://lake:secret@x/y")
     with pytest.raises(CollectError, match=r"^--upload gs://x: "):
         build_options(listen=["127.0.0.1:9"], upload="gs://x")
-    for name, value in seaweed.environ({}).items():
-        monkeypatch.setenv(name, value)
+    seaweed.export(monkeypatch)
     process = traffic("collect", "--inbox", str(tmp_path / "spool"), "--listen", f"127.0.0.1:{free_udp_port()}",
                       "--upload", "s3://no-such-bucket/edge", env={**os.environ})
     out, err = process.communicate(timeout=60)

@@ -31,7 +31,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -252,18 +251,6 @@ def _upload(folder: Path, url: str) -> None:
             put_object(f"{url}/{path.relative_to(folder).as_posix()}", path.read_bytes())
 
 
-@contextmanager
-def _aws(env: dict):
-    """This process reaches the store with ``env``'s AWS variables (the harness's reads and reruns)."""
-    patch = pytest.MonkeyPatch()
-    for name, value in env.items():
-        patch.setenv(name, value)
-    try:
-        yield
-    finally:
-        patch.undo()
-
-
 def _assert_converged(harness: Harness, expected: dict, point: str) -> None:
     """The tables equal the uninterrupted run's after the same command, and conservation holds."""
     got = _snapshot(harness)
@@ -330,36 +317,33 @@ def test_sigkill_with_a_classic_jvm_then_rerun_equals_uninterrupted(spark, scena
 
 
 def test_sigkill_with_the_inbox_on_object_storage_then_rerun_equals_uninterrupted(spark, scenario, connect_server,
-                                                                                  forks, seaweed, tmp_path):
+                                                                                  forks, seaweed, tmp_path,
+                                                                                  monkeypatch):
     """The first ingest's files as objects of an ``s3://`` inbox (issue 38): killed at its first, a middle and its
     last write step, in a Connect client whose executors reach the store only through the task (they never saw
     the AWS variables), the rerun gives the uninterrupted run's tables."""
-    from tests.support.harness import put_object
-
     _, tables, points = scenario
     first = [p for p, i in points if i == 0]  # the first ingest's, counted from its start
     chosen = [first[0], first[len(first) // 2], first[-1]]
     env = seaweed.environ({})
-    with _aws(env):
-        for number, point in enumerate(chosen):
-            inbox = seaweed.url(f"crash-inbox-{number}-{os.getpid()}")
-            staging = Harness(tmp_path / f"files{number}", spark)
-            _deliver(staging, 0)
-            for path in sorted((staging.root / "inbox").rglob("*")):
-                if path.is_file():
-                    put_object(f"{inbox}/{path.relative_to(staging.root / 'inbox').as_posix()}", path.read_bytes())
-            root = tmp_path / f"s3-{number}"
-            harness = Harness(root, spark, keep_hours=1, local_networks=LOCAL, accounts_file=_accounts(root),
-                              inbox=inbox)
-            command = ["ingest", "--warehouse", str(root / "warehouse"), "--inbox", inbox, "--set", "keep_hours=1",
-                       "--set", "shuffle_partitions=2", "--set", f"local_networks={LOCAL}",
-                       "--set", f"accounts_file={root / 'accounts.toml'}",
-                       "--set", f"now={harness.settings.now.isoformat()}",
-                       "--set", f"fault_at={point}", "--spark-master", connect_server.url]
-            code, output = forks.run(command, env={"TZ": "UTC", **env})
-            assert code == -signal.SIGKILL, f"{point}: exit {code}: {output[-2000:]}"
-            harness.ingest()
-            _assert_converged(harness, tables[1], f"{point} (inbox on S3)")
+    seaweed.export(monkeypatch)
+    for number, point in enumerate(chosen):
+        inbox = seaweed.url(f"crash-inbox-{number}-{os.getpid()}")
+        staging = Harness(tmp_path / f"files{number}", spark)
+        _deliver(staging, 0)
+        _upload(staging.root / "inbox", inbox)
+        root = tmp_path / f"s3-{number}"
+        harness = Harness(root, spark, keep_hours=1, local_networks=LOCAL, accounts_file=_accounts(root),
+                          inbox=inbox)
+        command = ["ingest", "--warehouse", str(root / "warehouse"), "--inbox", inbox, "--set", "keep_hours=1",
+                   "--set", "shuffle_partitions=2", "--set", f"local_networks={LOCAL}",
+                   "--set", f"accounts_file={root / 'accounts.toml'}",
+                   "--set", f"now={harness.settings.now.isoformat()}",
+                   "--set", f"fault_at={point}", "--spark-master", connect_server.url]
+        code, output = forks.run(command, env={"TZ": "UTC", **env})
+        assert code == -signal.SIGKILL, f"{point}: exit {code}: {output[-2000:]}"
+        harness.ingest()
+        _assert_converged(harness, tables[1], f"{point} (inbox on S3)")
 
 
 #: With the warehouse on the store, every S3_SHARE-th distinct write step is killed each run (see the docstring).
@@ -383,16 +367,17 @@ def test_the_sample_on_the_store_covers_every_step_in_twelve_runs():
 
 @pytest.mark.slow
 def test_sigkill_with_the_warehouse_on_object_storage_then_rerun_equals_uninterrupted(spark, scenario, connect_server,
-                                                                                     forks, seaweed, tmp_path):
+                                                                                     forks, seaweed, tmp_path,
+                                                                                     monkeypatch):
     """The warehouse of each state put on a real S3 store; killed there at a share of the write steps (the
     sample says which; see the docstring of this module), rerun there: the uninterrupted run's tables."""
     _, tables, points = scenario
     chosen, how = s3_sample(_distinct_points(points))
     print(f"\nwarehouse on S3: {len(chosen)} write steps killed, {how}")
     env = seaweed.environ({})
-    with _aws(env):
-        for number, (point, index) in enumerate(chosen):
-            store = {"url": seaweed.url(f"crash-{os.getpid()}-{number}"), "env": env}
-            harness = _kill_and_rerun(spark, tmp_path / f"s3-{number}", scenario, point, index, connect_server.url,
-                                      forks, store=store)
-            _assert_converged(harness, tables[index + 1], f"{point} (warehouse on S3, {how})")
+    seaweed.export(monkeypatch)
+    for number, (point, index) in enumerate(chosen):
+        store = {"url": seaweed.url(f"crash-{os.getpid()}-{number}"), "env": env}
+        harness = _kill_and_rerun(spark, tmp_path / f"s3-{number}", scenario, point, index, connect_server.url,
+                                  forks, store=store)
+        _assert_converged(harness, tables[index + 1], f"{point} (warehouse on S3, {how})")

@@ -39,8 +39,7 @@ def warehouse(request, spark, tmp_path, monkeypatch):
     root = tmp_path
     if on_s3:
         seaweed = request.getfixturevalue("seaweed")
-        for name, value in seaweed.environ({}).items():
-            monkeypatch.setenv(name, value)
+        seaweed.export(monkeypatch)
         root = seaweed.url(f"contract-{uuid.uuid4().hex[:8]}")
     settings = load_settings(environ={}, overrides={"warehouse": root, "engine": engine, "spark_jars_dir": JARS})
     warehouse = Warehouse(settings, spark=spark)

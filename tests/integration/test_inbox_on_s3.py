@@ -35,8 +35,7 @@ SHARED = REPO.parent / "shared"
 @pytest.fixture
 def aws(seaweed, monkeypatch):
     """The AWS variables that reach the test's SeaweedFS, for this process and the commands it runs."""
-    for name, value in seaweed.environ({}).items():
-        monkeypatch.setenv(name, value)
+    seaweed.export(monkeypatch)
     return seaweed
 
 

@@ -159,8 +159,7 @@ ON_S3_STREAMS = settings(max_examples=1, **_SETTINGS)
 @given(stream())
 def test_a_warehouse_on_s3_equals_the_reference_model(spark, seaweed, monkeypatch, run_seed, engine, data):
     """The same property with the warehouse on a real S3 server, written by each engine."""
-    for name, value in seaweed.environ({}).items():
-        monkeypatch.setenv(name, value)
+    seaweed.export(monkeypatch)
     run_stream(spark, data, warehouse=seaweed.url(f"model-{engine}-{random.getrandbits(40):010x}"), engine=engine)
 
 

@@ -94,8 +94,7 @@ def on_store(request, spark, seaweed, local_run, tmp_path_factory):
     """The worked example's stream, in three deliveries, into an s3:// warehouse written by one engine."""
     engine = request.param
     mp = pytest.MonkeyPatch()
-    for name, value in seaweed.environ({}).items():
-        mp.setenv(name, value)
+    seaweed.export(mp)
     url = seaweed.url(f"warehouse-{engine}-{uuid.uuid4().hex[:8]}")
     root = tmp_path_factory.mktemp("s3run")
     harness, model = Harness(root, spark, warehouse=url, engine=engine), ReferenceModel(ModelSettings())
@@ -196,8 +195,7 @@ def test_two_writers_one_killed_mid_commit_lose_nothing_and_count_nothing_twice(
     """Two ``traffic ingest`` processes on one s3:// warehouse: the first holds the lease and is killed between
     two tables' commits of its batch; the second waits, takes the expired lease over (a larger token), finds
     the batch's journal and finishes it. Closed, the tables equal a local warehouse's that was never killed."""
-    for name, value in seaweed.environ({}).items():
-        monkeypatch.setenv(name, value)
+    seaweed.export(monkeypatch)
     url = seaweed.url(f"race-{uuid.uuid4().hex[:8]}")
     location = ObjectLocation.parse(url)
     text = "\n".join([*(feed_line(T0 + timedelta(minutes=m), "10.0.0.1", "192.0.2.1", size=100 + m)
@@ -241,8 +239,7 @@ def test_the_seed_examples_deliveries_on_s3_equal_a_local_run_row_for_row(spark,
     warehouse's fed the same files (delta-spark on the store does the same in the compose stack's test)."""
     from traffic.app.demo.deliveries import add_trouble, generate
 
-    for name, value in seaweed.environ({}).items():
-        monkeypatch.setenv(name, value)
+    seaweed.export(monkeypatch)
     stored = Harness(tmp_path / "s3", spark, warehouse=seaweed.url(f"seed-{uuid.uuid4().hex[:8]}"), engine="rs",
                      local_networks="192.0.2.0/24")
     local = Harness(tmp_path / "local", spark, engine="rs", local_networks="192.0.2.0/24")

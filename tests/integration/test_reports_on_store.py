@@ -48,8 +48,7 @@ def _deliver_and_close(harness: Harness, lines: list[str]) -> None:
 @pytest.fixture
 def two_hosts(seaweed, spark, monkeypatch, tmp_path):
     """An s3:// warehouse, and a harness on it as seen from a host (its own TRAFFIC_HOST_DIR) named when asked."""
-    for name, value in seaweed.environ({}).items():
-        monkeypatch.setenv(name, value)
+    seaweed.export(monkeypatch)
     url = seaweed.url(f"reports-{uuid.uuid4().hex[:8]}")
 
     def on(host: str) -> Harness:

@@ -285,8 +285,7 @@ segment = st.one_of(st.sampled_from(["r1", ".hidden", "_tmp", "a b", "é", "x" *
 
 @pytest.fixture
 def object_inbox(seaweed, monkeypatch):
-    for name, value in seaweed.environ({}).items():
-        monkeypatch.setenv(name, value)
+    seaweed.export(monkeypatch)
     return seaweed
 
 

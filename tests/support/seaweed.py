@@ -67,6 +67,12 @@ class Seaweed:
         env.pop("AWS_SESSION_TOKEN", None)
         return env
 
+    def export(self, patch) -> None:
+        """Set the AWS variables that reach this server in this process, through ``patch`` (a pytest
+        ``MonkeyPatch``: undone with it)."""
+        for name, value in self.environ({}).items():
+            patch.setenv(name, value)
+
     def url(self, prefix: str) -> str:
         return f"s3://{BUCKET}/{prefix.strip('/')}"
 
