@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -82,6 +83,64 @@ def _rank(nodeid: str) -> int:
 def pytest_collection_modifyitems(config, items):
     """Heaviest files first (a stable sort: each file's tests stay together and in order)."""
     items.sort(key=lambda item: _rank(item.nodeid))
+
+
+class FileClock:
+    """One line as each test file ends: minutes since the session began, the file, its tests and their seconds.
+    `make test` prints dots otherwise, and a run stopped from outside (CI's time limit) then says nothing of
+    where the time went; with these lines its output tells which file ran last and how long each took."""
+
+    def __init__(self, terminal):
+        self.terminal, self.began = terminal, time.monotonic()
+        self.left: dict[str, int] = {}  # file -> tests not yet torn down
+        self.seconds: dict[str, float] = {}
+
+    def expect(self, nodeids) -> None:
+        if self.left:  # every xdist worker reports the same collection
+            return
+        for nodeid in nodeids:
+            name = nodeid.split("::")[0]
+            self.left[name] = self.left.get(name, 0) + 1
+
+    def report(self, report) -> None:
+        name = report.nodeid.split("::")[0]
+        self.seconds[name] = self.seconds.get(name, 0.0) + report.duration
+        if report.when != "teardown" or name not in self.left:
+            return
+        self.left[name] -= 1
+        if self.left[name] == 0:
+            minutes = (time.monotonic() - self.began) / 60
+            worker = getattr(report, "node", None)
+            where = f" on {worker.gateway.id}" if worker is not None else ""
+            if self.terminal._tw.width_of_current_line:  # after the dots of the tests so far
+                self.terminal.write("\n")
+            self.terminal.write_line(f"[{minutes:5.1f} min] {name} done: {self.seconds[name]:.0f} s{where}")
+
+
+#: The run's clock, in the process that prints (not in an xdist worker, and not with -v, which names every test).
+CLOCK: list[FileClock] = []
+
+
+def pytest_sessionstart(session):
+    terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None and not hasattr(session.config, "workerinput") and session.config.option.verbose <= 0:
+        CLOCK.append(FileClock(terminal))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    for clock in CLOCK:
+        clock.expect(ids)
+
+
+def pytest_collection_finish(session):
+    for clock in CLOCK:
+        clock.expect(item.nodeid for item in session.items)
+
+
+def pytest_runtest_logreport(report):
+    for clock in CLOCK:
+        clock.report(report)
 
 
 def pytest_terminal_summary(terminalreporter):
