@@ -47,6 +47,12 @@ def warehouse(request, spark, tmp_path, monkeypatch):
     return warehouse
 
 
+#: The file-rewriting tests (compaction, merged days and months) with delta-spark on S3 cost 150 s of one worker
+#: and test nothing the store changes: what the store changes is how a commit lands (the other tests here, and
+#: ``test_object_storage.py``'s killed writer), not which files a rewrite reads and writes.
+REWRITES = pytest.mark.parametrize("warehouse", ["rs", "spark", "rs on s3"], indirect=True)
+
+
 def test_create_pins_protocol_without_features(warehouse):
     from deltalake import DeltaTable
 
@@ -90,6 +96,7 @@ def test_delete_keys_and_pruned_reads(warehouse):
     assert table.read(keys=["2026-11-01T11"]).count() == 1
 
 
+@REWRITES
 def test_compaction_keeps_rows_and_bounds_files(warehouse):
     table = warehouse.table("hourly")
     for n in range(6):
@@ -229,6 +236,7 @@ def _assert_reads(table, model: dict[str, list[int]]) -> None:
         {k: model[k] for k in ["2026-10-01T07", "2026-10-03T00"] if k in model}
 
 
+@REWRITES
 def test_merged_days_read_and_write_exactly_like_hours(warehouse):
     """Merging finished days into one file each changes no read; replacing or deleting an hour of a merged
     day keeps the day's other hours; a day merged again after such a write is one file again."""
@@ -278,6 +286,7 @@ def test_merged_days_read_and_write_exactly_like_hours(warehouse):
     _assert_reads(table, model)
 
 
+@REWRITES
 def test_daily_merges_finished_months(warehouse):
     from datetime import date
 
