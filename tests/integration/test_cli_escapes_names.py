@@ -4,17 +4,17 @@ retitle the terminal of whoever looks at the rejects)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.support.environ import without_traffic_settings
 
 TRAFFIC = str(Path(sys.executable).with_name("traffic"))
 
 
 def _traffic(*args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAFFIC_")}
-    return subprocess.run([TRAFFIC, *args], capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run([TRAFFIC, *args], capture_output=True, text=True, timeout=300, env=without_traffic_settings())
 
 
 def test_show_rejects_escapes_a_hostile_file_name_and_record(tmp_path):

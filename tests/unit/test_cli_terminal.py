@@ -1,6 +1,6 @@
 """What a person meets at the terminal: a reader that goes away, a warehouse they may not write,
 and names with control characters. Real ``traffic`` processes, no Spark (an empty inbox's ingest
-creates the warehouse without a JVM)."""
+creates the warehouse without a JVM on the suite's engine)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.environ import without_traffic_settings
 from traffic.core.text import printable, printable_lines
 
 TRAFFIC = str(Path(sys.executable).with_name("traffic"))
 
 
 def _run(*args, stdout=subprocess.PIPE, prefix=()):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAFFIC_")}
     return subprocess.run([*prefix, TRAFFIC, *args], stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120,
-                          env=env)
+                          env=without_traffic_settings())
 
 
 @pytest.fixture()
@@ -45,7 +45,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_with_141(warehouse):
 def test_status_piped_to_head_prints_its_first_line_and_no_error(warehouse):
     shell = f"set -o pipefail; {TRAFFIC} status {' '.join(warehouse)} | head -1"
     result = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=120,
-                            env={k: v for k, v in os.environ.items() if not k.startswith("TRAFFIC_")})
+                            env=without_traffic_settings())
     assert result.stdout.startswith("warehouse ") and result.stdout.count("\n") == 1, result.stdout
     assert result.stderr == "" and result.returncode in (0, 141), (result.returncode, result.stderr)
 
