@@ -28,7 +28,8 @@ def test_a_batch_is_big_by_the_bytes_it_still_has_to_read():
 
 def test_driver_options_carry_log4j_and_the_quick_flags_only_when_quick():
     assert jvm.driver_java_options(False) == f"-Dlog4j.configurationFile=file:{jvm.LOG4J}"
-    assert jvm.driver_java_options(True).endswith(" -XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    assert jvm.driver_java_options(True).endswith(" -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+                                                  " -XX:ReservedCodeCacheSize=240m")  # C1's own 48 MB filled up
 
 
 def test_spark_jit_setting_is_checked():

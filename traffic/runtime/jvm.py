@@ -15,8 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 
 LOG4J = Path(__file__).resolve().parents[1] / "conf" / "log4j2.properties"
-#: JIT and collector flags of the quick-starting JVM.
-QUICK_FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: JIT and collector flags of the quick-starting JVM. With C1 only, HotSpot reserves 48 MB for compiled code
+#: (240 MB with both compilers); Spark's generated classes and delta-spark filled that in a long session
+#: (`make demo`: "CodeCache is full. Compiler has been disabled" after 32 s, the rest interpreted), so the quick
+#: JVM reserves what the full one does: address space, committed only as code is compiled.
+QUICK_FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=240m"
 #: Input above this is big work: a router feed of ~500 k lines, a capture of ~300 k packets.
 QUICK_MAX_BYTES = 32 * 1024 * 1024
 #: A close that freezes more hours than this is big work (a catch-up or a replay's range).
