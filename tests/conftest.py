@@ -86,7 +86,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 class FileClock:
-    """One line as each test file ends: minutes since the session began, the file, its tests and their seconds.
+    """One line as each test file ends: minutes since the session began, the file, its tests' seconds, its worker.
     `make test` prints dots otherwise, and a run stopped from outside (CI's time limit) then says nothing of
     where the time went; with these lines its output tells which file ran last and how long each took."""
 
