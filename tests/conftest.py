@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -9,6 +10,9 @@ import pytest
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TZ", "UTC")
+#: py4j's finalizers say "Closing down clientserver connection" (INFO) as a worker exits, after pytest has closed
+#: the stream the root handler writes to: a "--- Logging error ---" trace at the end of every run. Its warnings show.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 #: The Delta engine of the suite's warehouses wherever a test names none (``engine = auto`` otherwise picks
 #: delta-spark where ``make setup`` fetched its jars). ``make test`` runs the suite on ``rs``, and the spark
